@@ -1,0 +1,18 @@
+"""chainiter: data-loading iterators for training loops, Chainer-compatible,
+that resume exactly from a snapshot."""
+
+from chainiter import datasets  # NOQA
+from chainiter import iterators  # NOQA
+from chainiter import serializers  # NOQA
+from chainiter._context import example_rng, get_worker_info  # NOQA
+from chainiter.dataset.convert import (  # NOQA
+    Converter, concat_examples, converter, to_device)
+from chainiter.errors import (  # NOQA
+    ChainiterError, IteratorFinalizedError, SharedMemoryWarning,
+    SnapshotMismatchError, TimeoutWarning, WorkerDiedError,
+    WorkerRestartWarning)
+from chainiter.iterators import (  # NOQA
+    Iterator, MultithreadIterator, OrderSampler, SerialIterator,
+    ShuffleOrderSampler)
+
+__version__ = '0.1.0'

@@ -1,0 +1,72 @@
+"""What code inside ``dataset[i]`` may ask about where it runs.
+
+``example_rng()`` gives a generator keyed by ``(seed, epoch, position)`` of the
+example being loaded, so random augmentation is the same for every iterator
+kind, worker count and after resume.  ``get_worker_info()`` describes the
+worker process, or is ``None`` in the main process.
+
+Every transport loads examples through ``load_example``, which sets the
+(thread-local) key around the call to ``dataset[i]``.
+"""
+
+import threading
+import typing
+
+from chainiter.iterators.order_samplers import example_generator
+
+_local = threading.local()
+_worker_info = None
+
+
+class WorkerInfo(typing.NamedTuple):
+    """Describes the worker process that runs the current code."""
+    id: int
+    num_workers: int
+    seed: int
+
+
+def example_rng():
+    """The ``numpy.random.Generator`` of the example being loaded.
+
+    Call it inside ``dataset[i]`` (or a ``TransformDataset`` transform) while
+    a chainiter iterator loads that example.  Repeated calls while loading one
+    example return the same generator, so successive draws differ.
+    """
+    key = getattr(_local, 'key', None)
+    if key is None:
+        raise RuntimeError(
+            'chainiter.example_rng() was called outside of an example load. '
+            'It works only inside dataset[i] while a chainiter iterator '
+            'loads example i; elsewhere create your own '
+            'numpy.random.default_rng(seed).')
+    rng = _local.rng
+    if rng is None:
+        rng = _local.rng = example_generator(*key)
+    return rng
+
+
+def get_worker_info():
+    """``WorkerInfo(id, num_workers, seed)`` inside a worker process of
+    ``MultiprocessIterator``; ``None`` in the main process."""
+    return _worker_info
+
+
+def set_worker_info(info):
+    global _worker_info
+    _worker_info = info
+
+
+def load_example(dataset, index, seed, epoch, position):
+    """``dataset[index]`` with ``example_rng()`` keyed for this example."""
+    _local.key = (seed, int(epoch), int(position))
+    _local.rng = None
+    try:
+        return dataset[int(index)]
+    except Exception as e:
+        if hasattr(e, 'add_note'):  # Python 3.11+
+            e.add_note('raised while loading dataset[{}] (epoch {}, position '
+                       '{})'.format(int(index), int(epoch), int(position)))
+        raise
+    finally:
+        _local.key = None
+        _local.rng = None

@@ -1,0 +1,1 @@
+"""Where arrays live: the host (numpy) or a GPU (cupy, optional)."""

@@ -1,0 +1,167 @@
+"""Converters: from a list of examples to a batch of arrays.
+
+``concat_examples`` follows Chainer's rules: tuple examples are stacked field
+by field into a tuple, dict examples key by key into a dict, arrays (and
+scalars) into one array; ``padding`` pads ragged fields to the largest shape.
+"""
+
+import functools
+
+import numpy
+
+from chainiter.backends import cuda
+from chainiter.backends._device import parse_device
+
+
+def to_device(device, x):
+    """Send ``x`` (an array, or tuples/lists/dicts of them) to ``device``.
+
+    ``device`` is None, -1 or ``'@numpy'`` for the host; an int GPU id,
+    ``'@cupy:N'`` or a cupy ``Device`` for a GPU (needs the ``cuda`` extra).
+    Non-array leaves (None, numbers, strings) are returned as they are.
+    """
+    device_id = parse_device(device)
+    if device_id is not None:
+        cuda.check_available(device)
+    return _send(device_id, x)
+
+
+def _send(device_id, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_send(device_id, item) for item in x)
+    if isinstance(x, dict):
+        return {key: _send(device_id, value) for key, value in x.items()}
+    if device_id is None:
+        return cuda.to_cpu(x) if cuda.is_gpu_array(x) else x
+    if isinstance(x, numpy.ndarray) or cuda.is_gpu_array(x):
+        return cuda.to_gpu(x, device_id)
+    return x
+
+
+def _describe(example):
+    if isinstance(example, tuple):
+        return 'a tuple of {} fields'.format(len(example))
+    if isinstance(example, dict):
+        return 'a dict with keys {}'.format(sorted(example, key=str))
+    return 'a {}'.format(type(example).__name__)
+
+
+def _check_structure(batch):
+    first = batch[0]
+    for i, example in enumerate(batch):
+        same = (
+            isinstance(example, tuple) and isinstance(first, tuple)
+            and len(example) == len(first)
+            or isinstance(example, dict) and isinstance(first, dict)
+            and example.keys() == first.keys()
+            or not isinstance(example, (tuple, dict))
+            and not isinstance(first, (tuple, dict)))
+        if not same:
+            raise ValueError(
+                'concat_examples needs examples of one structure, but '
+                'example 0 is {} and example {} is {}'.format(
+                    _describe(first), i, _describe(example)))
+
+
+def concat_examples(batch, device=None, padding=None):
+    """Stack a list of examples into arrays (Chainer's ``concat_examples``).
+
+    Args:
+        batch (list): examples: all tuples of the same length, all dicts
+            with the same keys, or all arrays/scalars.
+        device: where to put the result (see ``to_device``).
+        padding: None to require equal shapes; otherwise the value ragged
+            fields are padded with to the largest shape.  A tuple (for tuple
+            examples) or dict (for dict examples) gives one value per field.
+
+    Returns:
+        A tuple, dict or array of stacked arrays, with the batch axis first.
+    """
+    if len(batch) == 0:
+        raise ValueError('concat_examples got an empty batch; there is '
+                         'nothing to stack')
+    _check_structure(batch)
+    device_id = parse_device(device)
+    if device_id is not None:
+        cuda.check_available(device)
+    first = batch[0]
+    if isinstance(first, tuple):
+        if not isinstance(padding, tuple):
+            padding = (padding,) * len(first)
+        elif len(padding) != len(first):
+            raise ValueError(
+                'padding has {} values but the examples have {} fields'.format(
+                    len(padding), len(first)))
+        return tuple(
+            _send(device_id, _concat([example[i] for example in batch],
+                                     padding[i], 'field {}'.format(i)))
+            for i in range(len(first)))
+    if isinstance(first, dict):
+        if not isinstance(padding, dict):
+            padding = {key: padding for key in first}
+        return {key: _send(device_id, _concat(
+                    [example[key] for example in batch], padding.get(key),
+                    'key {!r}'.format(key)))
+                for key in first}
+    return _send(device_id, _concat(batch, padding, 'the examples'))
+
+
+def _concat(arrays, padding, what):
+    if cuda.is_gpu_array(arrays[0]):
+        xp = cuda.check_available('the arrays')
+    else:
+        xp = numpy
+        if not isinstance(arrays[0], numpy.ndarray):
+            return numpy.asarray(arrays)
+    if padding is not None:
+        return _concat_with_padding(xp, arrays, padding, what)
+    shape = arrays[0].shape
+    for i, array in enumerate(arrays):
+        if array.shape != shape:
+            raise ValueError(
+                'cannot stack {}: example 0 has shape {} but example {} has '
+                'shape {}; pass padding= to pad them to a common shape'.format(
+                    what, shape, i, array.shape))
+    return xp.stack(arrays)
+
+
+def _concat_with_padding(xp, arrays, padding, what):
+    ndim = arrays[0].ndim
+    shape = list(arrays[0].shape)
+    for i, array in enumerate(arrays):
+        if array.ndim != ndim:
+            raise ValueError(
+                'cannot pad {}: example 0 has {} dimensions but example {} '
+                'has {}'.format(what, ndim, i, array.ndim))
+        shape = [max(a, b) for a, b in zip(shape, array.shape)]
+    result = xp.full([len(arrays)] + shape, padding, dtype=arrays[0].dtype)
+    for i, array in enumerate(arrays):
+        result[(i,) + tuple(slice(d) for d in array.shape)] = array
+    return result
+
+
+class Converter:
+    """Base class of converters: callables ``converter(batch, device=None)``."""
+
+    def __call__(self, batch, device=None):
+        raise NotImplementedError
+
+
+class _FunctionConverter(Converter):
+
+    def __init__(self, func):
+        self._func = func
+        functools.update_wrapper(self, func)
+
+    def __call__(self, batch, device=None):
+        return self._func(batch, device)
+
+
+def converter():
+    """Decorator that turns ``f(batch, device)`` into a ``Converter``::
+
+        @chainiter.converter()
+        def my_converter(batch, device):
+            ...
+    """
+    return _FunctionConverter

@@ -1,0 +1,394 @@
+"""The iterator protocol and the part every chainiter iterator shares.
+
+::
+
+    user ── next() ──► DatasetIterator ── advance(state) ──► Step(indices, keys)
+                          │    ▲                                  │
+                          │    └── adopt state_after ◄── batch ◄──┤ transport
+                          │                                       │ (_submit/_collect)
+                          └── pending: deque[(state_after, handle)]
+
+``DatasetIterator`` owns the epoch logic (through the pure ``advance``), the
+snapshot format and the bookkeeping of batches dispatched ahead of the user.
+A transport subclass only implements ``_submit(step) -> handle`` (start
+loading a batch) and ``_collect(handle) -> batch`` (wait for it).  Each
+pending batch travels with the state after it; the state is adopted only when
+the batch is handed out, so a snapshot never counts prefetched batches.
+"""
+
+import collections
+
+import numpy
+
+from chainiter import _context
+from chainiter.errors import IteratorFinalizedError, SnapshotMismatchError
+from chainiter.iterators import _state
+from chainiter.iterators import order_samplers
+from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
+
+#: Version of the snapshot layout written by ``serialize``.
+SNAPSHOT_FORMAT_VERSION = 1
+
+
+class Iterator:
+    """Chainer's iterator protocol: ``next()``, ``finalize()``, ``serialize``."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise NotImplementedError
+
+    def next(self):
+        return self.__next__()
+
+    def finalize(self):
+        """Release the resources of the iterator.  Idempotent."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        self.finalize()
+
+    def serialize(self, serializer):
+        """Save or load the iterator's state (Chainer's protocol)."""
+
+
+def _is_deserializer(serializer):
+    # Ours and Chainer's deserializers alike.
+    return any(cls.__name__ == 'Deserializer'
+               for cls in type(serializer).__mro__)
+
+
+def check_dataset(dataset):
+    missing = [name for name in ('__len__', '__getitem__')
+               if not hasattr(dataset, name)]
+    if missing:
+        raise TypeError(
+            'dataset must support len() and indexing (define __len__ and '
+            '__getitem__, or wrap your data in chainiter.datasets.'
+            'TupleDataset); {} lacks {}'.format(
+                type(dataset).__name__, ' and '.join(missing)))
+
+
+def check_batch_size(batch_size):
+    if isinstance(batch_size, (bool, numpy.bool_)) or not isinstance(
+            batch_size, (int, numpy.integer)) or batch_size <= 0:
+        raise ValueError(
+            'batch_size must be a positive int, got {!r}'.format(batch_size))
+    return int(batch_size)
+
+
+class _Failed:
+    """A pending batch whose indices could not be computed."""
+
+    def __init__(self, error):
+        self.error = error
+
+
+class DatasetIterator(Iterator):
+    """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
+
+    Subclasses set ``_prefetch_depth`` (batches loaded ahead of the one being
+    handed out) and implement ``_submit`` and ``_collect``.
+    """
+
+    _prefetch_depth = 0
+
+    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
+                 order_sampler=None, seed=None):
+        check_dataset(dataset)
+        self.dataset = dataset
+        self.batch_size = check_batch_size(batch_size)
+        self._repeat = bool(repeat)
+        if shuffle is not None and order_sampler is not None:
+            raise ValueError(
+                'pass either shuffle or order_sampler, not both: '
+                'shuffle={!r}, order_sampler={!r}'.format(
+                    shuffle, order_sampler))
+        if order_sampler is not None and not callable(order_sampler):
+            raise TypeError('order_sampler must be callable, got {!r}'.format(
+                order_sampler))
+        self.order_sampler = order_sampler
+        # shuffle=None means shuffle unless an order sampler is given.
+        self._shuffle = order_sampler is None and (
+            shuffle is None or bool(shuffle))
+        self._seed = order_samplers.check_seed(seed)
+        if self._repeat and len(dataset) == 0:
+            raise ValueError(
+                'the dataset is empty, so an iterator with repeat=True would '
+                'never produce a batch; pass a non-empty dataset or '
+                'repeat=False')
+        self._finalized = False
+        self._pending = collections.deque()
+        self._state = self._initial_state()
+        self._ahead = self._state
+
+    # ---- transport hooks -------------------------------------------------
+
+    def _submit(self, step):
+        """Start loading ``step``; return a handle for ``_collect``."""
+        return step
+
+    def _collect(self, handle):
+        """Wait for the batch of ``handle`` and return it."""
+        return self._load_batch(handle)
+
+    def _drop_pending(self):
+        """Forget every dispatched batch (a transport may cancel them)."""
+        self._pending.clear()
+
+    def _load_batch(self, step):
+        load, dataset, seed = _context.load_example, self.dataset, self._seed
+        return [load(dataset, i, seed, e, p)
+                for i, e, p in zip(step.indices, step.epochs, step.positions)]
+
+    # ---- state -----------------------------------------------------------
+
+    def _initial_state(self):
+        n = len(self.dataset)
+        if self.order_sampler is not None:
+            order = _state.check_order(
+                self.order_sampler(numpy.arange(n), 0), n)
+            return _state.IteratorState(0, 0, False, order,
+                                        sampler_state=self._capture_sampler())
+        if self._shuffle:
+            order = order_samplers.seeded_order(self._seed, 0, n)
+            order.flags.writeable = False
+            return _state.IteratorState(0, 0, False, order)
+        return _state.IteratorState(0, 0, False, None)
+
+    def _next_order(self, order, position, epoch):
+        if self.order_sampler is not None:
+            return (self.order_sampler(order, position),
+                    self._capture_sampler())
+        return order_samplers.seeded_order(self._seed, epoch, len(order)), None
+
+    def _capture_sampler(self):
+        serialize = getattr(self.order_sampler, 'serialize', None)
+        if serialize is None:
+            return None
+        target = {}
+        serialize(DictionarySerializer(target))
+        return target
+
+    def _restore_sampler(self, sampler_state):
+        if sampler_state is not None:
+            self.order_sampler.serialize(NpzDeserializer(sampler_state))
+
+    def _rewind(self):
+        """Drop the batches dispatched ahead; the next batch is loaded anew
+        from the adopted state."""
+        self._drop_pending()
+        self._ahead = self._state
+        self._restore_sampler(self._state.sampler_state)
+
+    def _dispatch_until(self, count):
+        while len(self._pending) < count:
+            if self._pending and (self._pending[-1][1] is None or isinstance(
+                    self._pending[-1][1], _Failed)):
+                return  # the end of the iteration, or an error, is queued
+            try:
+                ahead, step = _state.advance(
+                    self._ahead, self.batch_size, self._repeat,
+                    len(self.dataset), self._next_order)
+            except Exception as e:
+                # Raised from the next() that would return this batch.
+                self._pending.append((self._ahead, _Failed(e)))
+                return
+            if step is None:
+                self._pending.append((ahead, None))
+                return
+            self._pending.append((ahead, self._submit(step)))
+            self._ahead = ahead
+
+    # ---- the protocol ----------------------------------------------------
+
+    def __next__(self):
+        self._check_alive()
+        self._dispatch_until(1)
+        state, handle = self._pending[0]
+        if handle is None:
+            raise StopIteration
+        if isinstance(handle, _Failed):
+            self._rewind()
+            raise handle.error
+        try:
+            batch = self._collect(handle)
+        except BaseException:
+            self._rewind()
+            raise
+        self._pending.popleft()
+        self._state = state
+        self._dispatch_until(self._prefetch_depth)
+        return batch
+
+    def _check_alive(self):
+        if self._finalized:
+            raise IteratorFinalizedError(
+                '{} was finalized (finalize() was called or its with-block '
+                'ended); create a new iterator to go on'.format(
+                    type(self).__name__))
+
+    def reset(self):
+        """Go back to the start of epoch 0 (allowed at any time)."""
+        self._check_alive()
+        self._rewind()
+        self._state = self._ahead = self._initial_state()
+
+    def finalize(self):
+        self._finalized = True
+        self._drop_pending()
+
+    @property
+    def repeat(self):
+        return self._repeat
+
+    @property
+    def seed(self):
+        return self._seed
+
+    @property
+    def epoch(self):
+        return self._state.epoch
+
+    @property
+    def current_position(self):
+        return self._state.current_position
+
+    @property
+    def is_new_epoch(self):
+        return self._state.is_new_epoch
+
+    @property
+    def epoch_size(self):
+        order = self._state.order
+        return len(self.dataset) if order is None else len(order)
+
+    @property
+    def epoch_detail(self):
+        return _state.epoch_detail(self._state, len(self.dataset))
+
+    @property
+    def previous_epoch_detail(self):
+        value = self._state.previous_epoch_detail
+        return None if value < 0 else value
+
+    # ---- snapshots -------------------------------------------------------
+
+    def serialize(self, serializer):
+        if _is_deserializer(serializer):
+            self._load_snapshot(serializer)
+        else:
+            self._save_snapshot(serializer)
+
+    def _save_snapshot(self, serializer):
+        state = self._state
+        serializer('format_version', SNAPSHOT_FORMAT_VERSION)
+        serializer('current_position', state.current_position)
+        serializer('epoch', state.epoch)
+        serializer('is_new_epoch', state.is_new_epoch)
+        if state.order is not None:
+            serializer('order', state.order)
+        serializer('previous_epoch_detail', state.previous_epoch_detail)
+        serializer('seed', self._seed)
+        serializer('dataset_length', len(self.dataset))
+        if state.sampler_state is not None:
+            child = serializer['order_sampler']
+            for key, value in state.sampler_state.items():
+                child(key, value)
+
+    def _load_snapshot(self, serializer):
+        def read(key):
+            try:
+                value = serializer(key, None)
+            except KeyError:
+                return None
+            return None if value is None else numpy.asarray(value)
+
+        def required(key):
+            value = read(key)
+            if value is None:
+                raise SnapshotMismatchError(
+                    'the snapshot has no {!r}; it is not an iterator '
+                    'snapshot, or the iterator lies under a path (pass '
+                    'path=, e.g. "updater/iterator:main/")'.format(key))
+            return value
+
+        n = len(self.dataset)
+        version = read('format_version')
+        if version is not None and int(version) > SNAPSHOT_FORMAT_VERSION:
+            raise SnapshotMismatchError(
+                'the snapshot has format version {}, newer than this '
+                'chainiter understands ({}); upgrade chainiter'.format(
+                    int(version), SNAPSHOT_FORMAT_VERSION))
+        length = read('dataset_length')
+        if length is not None and int(length) != n:
+            raise SnapshotMismatchError(
+                'the snapshot was written for a dataset of length {}, but '
+                'this iterator\'s dataset has length {}'.format(int(length), n))
+        position = int(required('current_position'))
+        epoch = int(required('epoch'))
+        is_new_epoch = bool(required('is_new_epoch'))
+        order = read('order')
+        if order is None:
+            order = read('_order')
+        shuffles = self._shuffle or self.order_sampler is not None
+        if order is not None and order.ndim == 0:
+            order = None  # Chainer writes None as a 0-d object array
+        if order is None and shuffles:
+            raise SnapshotMismatchError(
+                'the snapshot has no order, so it was written by an iterator '
+                'that does not shuffle; this one shuffles. Build the iterator '
+                'with shuffle=False to load it')
+        if order is not None:
+            if not shuffles:
+                raise SnapshotMismatchError(
+                    'the snapshot holds a shuffled order, but this iterator '
+                    'does not shuffle; build it with shuffle=True (or the '
+                    'same order_sampler) to load it')
+            if len(order) != n:
+                raise SnapshotMismatchError(
+                    'the snapshot was written for a dataset of length {} '
+                    '(its order has {} entries), but this iterator\'s dataset '
+                    'has length {}'.format(len(order), len(order), n))
+            order = _state.check_order(order, n)
+        if not 0 <= position <= n or epoch < 0:
+            raise SnapshotMismatchError(
+                'the snapshot position (epoch {}, position {}) does not fit '
+                'a dataset of length {}'.format(epoch, position, n))
+        seed = read('seed')
+        if seed is not None:
+            self._seed = order_samplers.check_seed(int(seed))
+        previous = read('previous_epoch_detail')
+        if previous is not None:
+            previous = float(previous)
+        else:
+            # Snapshots of old Chainer versions lack it; guess as Chainer does.
+            previous = epoch + (position - self.batch_size) / max(n, 1)
+            if epoch + position / max(n, 1) > 0:
+                previous = max(previous, 0.0)
+            else:
+                previous = _state.NO_PREVIOUS_EPOCH_DETAIL
+        sampler_state = None
+        if getattr(self.order_sampler, 'serialize', None) is not None:
+            try:
+                self.order_sampler.serialize(serializer['order_sampler'])
+            except KeyError:
+                pass  # written without sampler state (e.g. by Chainer)
+            sampler_state = self._capture_sampler()
+        self._drop_pending()
+        self._state = self._ahead = _state.IteratorState(
+            position, epoch, is_new_epoch, order, previous, sampler_state)
+
+    def state_dict(self):
+        """The snapshot as a plain dict of Python scalars and numpy arrays."""
+        serializer = DictionarySerializer()
+        self._save_snapshot(serializer)
+        return {key: value.item() if value.ndim == 0 else value
+                for key, value in serializer.target.items()}
+
+    def load_state_dict(self, state_dict):
+        """Load a dict made by ``state_dict()``."""
+        self._load_snapshot(NpzDeserializer(state_dict))

@@ -1,0 +1,128 @@
+"""The pure core of every iterator: an immutable state and ``advance``.
+
+Every iterator kind (serial, threads, processes) keeps one ``IteratorState``
+and calls ``advance`` to learn which dataset indices make up the next batch
+and what the state is after it.  Nothing here touches a dataset, a thread or
+a process; the transports only turn a ``Step``'s indices into examples.
+
+Epoch semantics are Chainer's: with ``repeat=True`` the last batch of an
+epoch is filled up from the next epoch's order and ``is_new_epoch`` is True on
+it; with ``repeat=False`` the last batch is short and the following call
+returns no step (the iterator raises ``StopIteration``).
+"""
+
+import typing
+
+import numpy
+
+#: Value of ``previous_epoch_detail`` before the first batch (Chainer uses -1
+#: internally and shows ``None``).
+NO_PREVIOUS_EPOCH_DETAIL = -1.0
+
+
+class IteratorState(typing.NamedTuple):
+    """Where an iterator stands.  Never mutated; ``advance`` returns a new one.
+
+    ``order`` is the current epoch's permutation, or ``None`` for the
+    identity order.  ``sampler_state`` is the flattened state of a stateful
+    order sampler right after it produced ``order`` (or ``None``), so that a
+    snapshot restores the sampler to the point that matches the position.
+    """
+    current_position: int
+    epoch: int
+    is_new_epoch: bool
+    order: typing.Optional[numpy.ndarray]
+    previous_epoch_detail: float = NO_PREVIOUS_EPOCH_DETAIL
+    sampler_state: typing.Optional[dict] = None
+
+    @property
+    def epoch_size(self):
+        return None if self.order is None else len(self.order)
+
+
+class Step(typing.NamedTuple):
+    """One batch to load: dataset indices, and for each of them the epoch
+    and the position within that epoch's order it was taken from (the key
+    of ``example_rng()``)."""
+    indices: numpy.ndarray
+    epochs: numpy.ndarray
+    positions: numpy.ndarray
+
+
+def epoch_detail(state, dataset_len):
+    n = dataset_len if state.order is None else len(state.order)
+    return state.epoch + state.current_position / n
+
+
+def advance(state, batch_size, repeat, dataset_len, next_order):
+    """Advance ``state`` by one batch.
+
+    Args:
+        state: the current ``IteratorState``.
+        batch_size: a positive int.
+        repeat: whether the iterator wraps around into further epochs.
+        dataset_len: the dataset length (used when ``state.order`` is None).
+        next_order: ``next_order(state_before_wrap, position, new_epoch)``
+            returns ``(order, sampler_state)`` for the epoch ``new_epoch``;
+            called only when ``state.order`` is not None.
+
+    Returns:
+        ``(new_state, step)``, or ``(state, None)`` when a non-repeating
+        iterator has finished.
+    """
+    i, epoch, _, order, _, sampler_state = state
+    n = dataset_len if order is None else len(order)
+    if not repeat and (epoch > 0 or n == 0):
+        return state, None
+    if n == 0:
+        raise ValueError(
+            'cannot iterate over an empty dataset with repeat=True: the '
+            'epoch size is 0. Pass a non-empty dataset, or repeat=False.')
+    previous = epoch + i / n
+
+    parts = []
+    i_end = i + batch_size if repeat else min(i + batch_size, n)
+    is_new_epoch = False
+    while i_end >= n:
+        parts.append((epoch, i, n, order))
+        if order is not None:
+            order, sampler_state = next_order(order, i, epoch + 1)
+            order = check_order(order, n)
+        i = 0
+        i_end = i_end - n if repeat else 0
+        epoch += 1
+        is_new_epoch = True
+        if not repeat:
+            break
+    if i_end > i or not parts:
+        parts.append((epoch, i, i_end, order))
+
+    indices = numpy.concatenate([
+        numpy.arange(a, b, dtype=numpy.intp) if o is None else
+        numpy.asarray(o[a:b], dtype=numpy.intp)
+        for _, a, b, o in parts])
+    epochs = numpy.concatenate([
+        numpy.full(b - a, e, dtype=numpy.int64) for e, a, b, _ in parts])
+    positions = numpy.concatenate([
+        numpy.arange(a, b, dtype=numpy.int64) for _, a, b, _ in parts])
+    new_state = IteratorState(
+        i_end, epoch, is_new_epoch, order, previous, sampler_state)
+    return new_state, Step(indices, epochs, positions)
+
+
+def check_order(order, dataset_len):
+    """Validate an order produced by an order sampler; return it as an
+    immutable intp array."""
+    order = numpy.array(order, dtype=numpy.intp, copy=True)
+    if order.ndim != 1 or len(order) != dataset_len:
+        raise ValueError(
+            'the order sampler returned an order of shape {}, but the '
+            'dataset has length {}; an order sampler must return a 1-d '
+            'permutation of length len(dataset)'.format(
+                order.shape, dataset_len))
+    if dataset_len and (order.min() < 0 or order.max() >= dataset_len):
+        raise ValueError(
+            'the order sampler returned indices out of range [0, {}): '
+            'min {}, max {}'.format(dataset_len, order.min(), order.max()))
+    order.flags.writeable = False
+    return order

@@ -1,0 +1,52 @@
+import concurrent.futures
+import weakref
+
+from chainiter import _context
+from chainiter.iterators._base import DatasetIterator
+
+
+def _shutdown(pool):
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+class MultithreadIterator(DatasetIterator):
+    """Loads examples in ``n_threads`` threads, one batch ahead of the user.
+
+    While the user works on batch ``k``, the threads load batch ``k + 1``.
+    Arguments are those of ``SerialIterator`` plus ``n_threads`` (threads in
+    the pool).  ``finalize()`` (or leaving ``with``) joins the threads.
+    """
+
+    _prefetch_depth = 1
+
+    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
+                 n_threads=1, order_sampler=None, *, seed=None):
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) \
+                or n_threads <= 0:
+            raise ValueError(
+                'n_threads must be a positive int, got {!r}'.format(n_threads))
+        super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
+                         seed)
+        self.n_threads = n_threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            n_threads, thread_name_prefix='chainiter-loader')
+        self._finalizer = weakref.finalize(self, _shutdown, self._pool)
+
+    def _submit(self, step):
+        submit, load = self._pool.submit, _context.load_example
+        dataset, seed = self.dataset, self._seed
+        return [submit(load, dataset, i, seed, e, p)
+                for i, e, p in zip(step.indices, step.epochs, step.positions)]
+
+    def _collect(self, futures):
+        return [future.result() for future in futures]
+
+    def _drop_pending(self):
+        for _, futures in self._pending:
+            for future in futures if isinstance(futures, list) else ():
+                future.cancel()
+        super()._drop_pending()
+
+    def finalize(self):
+        super().finalize()
+        self._finalizer()

@@ -1,0 +1,24 @@
+from chainiter.iterators._base import DatasetIterator
+
+
+class SerialIterator(DatasetIterator):
+    """Loads each batch in the calling thread when ``next()`` is called.
+
+    Args:
+        dataset: anything with ``__len__`` and ``__getitem__``.
+        batch_size (int): examples per batch.
+        repeat (bool): wrap around into further epochs; with False the last
+            batch may be short and then ``StopIteration`` is raised.
+        shuffle (bool or None): shuffle the order every epoch (None: shuffle
+            unless ``order_sampler`` is given).
+        order_sampler: a callable ``(current_order, current_position) ->
+            new_order``; cannot be combined with ``shuffle``.
+        seed (int or None): with shuffling and no order sampler, epoch ``e``'s
+            order is a pure function of ``(seed, e)``; also keys
+            ``example_rng()``.  None draws it from numpy's global RNG.
+    """
+
+    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
+                 order_sampler=None, *, seed=None):
+        super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
+                         seed)

@@ -1,0 +1,25 @@
+"""Chainer's serializer protocol.
+
+An object that can be saved defines ``serialize(serializer)``; for each value
+it calls ``value = serializer(key, value)``.  A ``Serializer`` records the
+value and returns it unchanged; a ``Deserializer`` returns the stored value
+(and raises ``KeyError`` for a missing key when strict).  ``serializer[name]``
+gives a child that prefixes keys with ``name/``.
+"""
+
+
+class AbstractSerializer:
+
+    def __getitem__(self, key):
+        raise NotImplementedError
+
+    def __call__(self, key, value):
+        raise NotImplementedError
+
+
+class Serializer(AbstractSerializer):
+    """Base class of serializers that write values."""
+
+
+class Deserializer(AbstractSerializer):
+    """Base class of serializers that read values."""

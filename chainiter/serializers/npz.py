@@ -1,0 +1,152 @@
+"""Snapshots as flat ``.npz`` files (Chainer's ``save_npz``/``load_npz``)."""
+
+import zipfile
+import zlib
+
+import numpy
+
+from chainiter.errors import SnapshotMismatchError
+from chainiter.serializers._base import Deserializer, Serializer
+
+# What numpy.load and reading a member raise on a file that is not a (whole)
+# npz file.
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile,
+                zlib.error, KeyError)
+
+
+class DictionarySerializer(Serializer):
+    """Writes values into a flat dictionary keyed by ``path/key``.
+
+    Args:
+        target (dict or None): the dictionary to fill (a new one if None).
+        path (str): the prefix of every key.
+    """
+
+    def __init__(self, target=None, path=''):
+        self.target = {} if target is None else target
+        self.path = path
+
+    def __getitem__(self, key):
+        key = key.strip('/')
+        return DictionarySerializer(self.target, self.path + key + '/')
+
+    def __call__(self, key, value):
+        key = key.lstrip('/')
+        self.target[self.path + key] = numpy.asarray(value)
+        return value
+
+
+def save_npz(file, obj, compression=True):
+    """Save ``obj`` (anything with ``serialize``) to an npz file.
+
+    Args:
+        file (str or file-like): destination.
+        obj: the object to save, e.g. an iterator.
+        compression (bool): use ``numpy.savez_compressed``.
+    """
+    serializer = DictionarySerializer()
+    obj.serialize(serializer)
+    if compression:
+        numpy.savez_compressed(file, **serializer.target)
+    else:
+        numpy.savez(file, **serializer.target)
+
+
+class NpzDeserializer(Deserializer):
+    """Reads values from an npz file (or any mapping of arrays).
+
+    Args:
+        npz: the result of ``numpy.load`` or a dict of arrays.
+        path (str): the prefix of every key.
+        strict (bool): raise ``KeyError`` for a key the file lacks; when
+            False a missing key leaves the value unchanged.
+        ignore_names (str, callable or list of them): keys to skip; a callable
+            takes the key and returns True to skip it.
+    """
+
+    def __init__(self, npz, path='', strict=True, ignore_names=None):
+        self.npz = npz
+        self.path = path
+        self.strict = strict
+        if ignore_names is None:
+            ignore_names = []
+        elif callable(ignore_names) or isinstance(ignore_names, str):
+            ignore_names = [ignore_names]
+        self.ignore_names = list(ignore_names)
+
+    def __getitem__(self, key):
+        key = key.strip('/')
+        return NpzDeserializer(self.npz, self.path + key + '/',
+                               strict=self.strict,
+                               ignore_names=self.ignore_names)
+
+    def _ignored(self, key):
+        for name in self.ignore_names:
+            if callable(name) and name(key) or name == key:
+                return True
+        return False
+
+    def __call__(self, key, value):
+        key = self.path + key.lstrip('/')
+        if self._ignored(key):
+            return value
+        if key not in self.npz:
+            if self.strict:
+                raise KeyError('{} is not a key of the snapshot'.format(key))
+            return value
+        try:
+            stored = numpy.asarray(self.npz[key])
+        except _READ_ERRORS as e:
+            raise SnapshotMismatchError(
+                'cannot read {!r} from the snapshot: the file is damaged '
+                '({}: {})'.format(key, type(e).__name__, e)) from e
+        if value is None:
+            return stored
+        if isinstance(value, numpy.ndarray):
+            if value.shape != stored.shape:
+                raise SnapshotMismatchError(
+                    '{!r} has shape {} in the snapshot but {} here'.format(
+                        key, stored.shape, value.shape))
+            numpy.copyto(value, stored)
+            return value
+        value_type = type(value)
+        if isinstance(value, (bool, numpy.bool_)):
+            return value_type(stored.item())
+        if (numpy.issubdtype(stored.dtype, numpy.number)
+                and not (numpy.issubdtype(stored.dtype, numpy.integer)
+                         and issubclass(value_type, int))
+                and not numpy.can_cast(stored.dtype, value_type)):
+            raise TypeError(
+                'cannot assign the snapshot value {!r} of dtype {} to a {} '
+                'without loss'.format(key, stored.dtype, value_type.__name__))
+        return value_type(stored.item() if stored.ndim == 0 else stored)
+
+
+def load_npz(file, obj, path='', strict=True, ignore_names=None):
+    """Load ``obj``'s state from an npz file written by ``save_npz``.
+
+    Args:
+        file (str or file-like): the npz file.
+        obj: the object to load into (its ``serialize`` is called).
+        path (str): the part of the file to read, e.g. ``'updater/iterator:main/'``
+            for an iterator inside a Chainer trainer snapshot.
+        strict (bool): fail on a key the file lacks.
+        ignore_names: keys to skip (see ``NpzDeserializer``).
+
+    The file is read with ``allow_pickle=False``.  A file that is not an npz
+    file, or is truncated, raises ``SnapshotMismatchError``.
+    """
+    try:
+        npz = numpy.load(file, allow_pickle=False)
+    except _READ_ERRORS as e:
+        raise SnapshotMismatchError(
+            'cannot read {!r} as an npz snapshot ({}: {}); pass a file '
+            'written by chainiter.serializers.save_npz or '
+            'chainer.serializers.save_npz'.format(
+                file, type(e).__name__, e)) from e
+    if not isinstance(npz, numpy.lib.npyio.NpzFile):
+        raise SnapshotMismatchError(
+            '{!r} holds a single .npy array, not an npz snapshot'.format(file))
+    with npz:
+        obj.serialize(NpzDeserializer(
+            npz, path=path, strict=strict, ignore_names=ignore_names))

@@ -1,0 +1,280 @@
+"""Chainer's iterator behaviours, for every in-process iterator kind."""
+
+import functools
+import threading
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import MultithreadIterator, SerialIterator
+
+KINDS = {
+    'serial': SerialIterator,
+    'thread1': functools.partial(MultithreadIterator, n_threads=1),
+    'thread3': functools.partial(MultithreadIterator, n_threads=3),
+}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def make(request):
+    return KINDS[request.param]
+
+
+def drain_epoch(it):
+    seen = []
+    while True:
+        seen.extend(next(it))
+        if it.is_new_epoch:
+            return seen
+
+
+def test_no_shuffle_in_order_with_epoch_attributes(make):
+    with make(list(range(6)), 2, shuffle=False) as it:
+        assert it.epoch == 0 and it.current_position == 0
+        assert it.epoch_detail == 0 and it.previous_epoch_detail is None
+        assert it.batch_size == 2 and it.repeat and it.epoch_size == 6
+        assert next(it) == [0, 1]
+        assert (it.epoch, it.current_position, it.is_new_epoch) == (0, 2, False)
+        assert it.previous_epoch_detail == 0
+        assert it.epoch_detail == pytest.approx(2 / 6)
+        assert next(it) == [2, 3]
+        assert next(it) == [4, 5]
+        assert (it.epoch, it.current_position, it.is_new_epoch) == (1, 0, True)
+        assert it.previous_epoch_detail == pytest.approx(4 / 6)
+        assert next(it) == [0, 1]
+        assert it.is_new_epoch is False
+
+
+def test_wrap_around_batch_is_new_epoch(make):
+    with make(list(range(5)), 3, shuffle=False) as it:
+        assert next(it) == [0, 1, 2]
+        assert next(it) == [3, 4, 0]
+        assert it.is_new_epoch and it.epoch == 1 and it.current_position == 1
+        assert it.epoch_detail == pytest.approx(1.2)
+
+
+def test_no_repeat_short_last_batch_then_stop_iteration(make):
+    with make(list(range(5)), 2, repeat=False, shuffle=False) as it:
+        assert list(it) == [[0, 1], [2, 3], [4]]
+        assert it.epoch == 1 and it.is_new_epoch
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+def test_no_repeat_empty_dataset_gives_nothing(make):
+    with make([], 2, repeat=False) as it:
+        assert list(it) == []
+
+
+def test_shuffle_every_epoch_is_a_permutation_and_differs(make):
+    with make(list(range(20)), 4, seed=3) as it:
+        first = drain_epoch(it)
+        second = drain_epoch(it)
+    assert sorted(first) == sorted(second) == list(range(20))
+    assert first != second
+
+
+def test_same_seed_same_orders_across_kinds(make):
+    with SerialIterator(list(range(17)), 5, seed=11) as ref, \
+            make(list(range(17)), 5, seed=11) as it:
+        for _ in range(10):
+            assert next(it) == next(ref)
+
+
+def test_seed_none_follows_numpy_global_seed(make):
+    numpy.random.seed(5)
+    with make(list(range(30)), 7) as a:
+        batches_a = [next(a) for _ in range(8)]
+    numpy.random.seed(5)
+    with make(list(range(30)), 7) as b:
+        batches_b = [next(b) for _ in range(8)]
+    assert batches_a == batches_b
+
+
+def test_order_sampler_protocol(make):
+    calls = []
+
+    def sampler(order, position):
+        calls.append((list(order), position))
+        return numpy.asarray(order)[::-1]
+
+    with make(list(range(4)), 3, order_sampler=sampler) as it:
+        assert calls == [([0, 1, 2, 3], 0)]
+        assert next(it) == [3, 2, 1]
+        assert next(it) == [0, 0, 1]
+        assert calls[1] == ([3, 2, 1, 0], 3)
+
+
+def test_shuffle_order_sampler_is_repeatable(make):
+    def run():
+        sampler = chainiter.ShuffleOrderSampler(numpy.random.RandomState(4))
+        with make(list(range(10)), 3, order_sampler=sampler) as it:
+            return [next(it) for _ in range(9)]
+    assert run() == run()
+    assert sorted(sum(run()[:4], [])[:10]) == list(range(10))
+
+
+def test_reset_at_any_time_starts_over(make):
+    with make(list(range(7)), 3, seed=2) as it:
+        first = [next(it) for _ in range(4)]
+        it.reset()
+        assert (it.epoch, it.current_position, it.is_new_epoch) == (0, 0, False)
+        assert it.previous_epoch_detail is None
+        assert [next(it) for _ in range(4)] == first
+
+
+def test_reset_after_stop_iteration(make):
+    with make(list(range(3)), 2, repeat=False, shuffle=False) as it:
+        assert list(it) == [[0, 1], [2]]
+        it.reset()
+        assert list(it) == [[0, 1], [2]]
+
+
+def test_finalize_is_idempotent_and_next_after_it_fails(make):
+    it = make(list(range(4)), 2)
+    next(it)
+    it.finalize()
+    it.finalize()
+    with pytest.raises(chainiter.IteratorFinalizedError, match='finalize'):
+        next(it)
+    with pytest.raises(RuntimeError):
+        it.reset()
+
+
+def test_with_block_finalizes(make):
+    with make(list(range(4)), 2) as it:
+        next(it)
+    with pytest.raises(chainiter.IteratorFinalizedError):
+        next(it)
+
+
+class Failing:
+    def __init__(self, bad):
+        self.bad = bad
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError('broken example {}'.format(i))
+        return i
+
+
+def test_dataset_error_does_not_advance_and_retries(make):
+    dataset = Failing(bad=3)
+    with make(dataset, 2, shuffle=False) as it:
+        assert next(it) == [0, 1]
+        with pytest.raises(KeyError, match='broken example 3'):
+            next(it)
+        assert it.current_position == 2 and it.epoch == 0
+        dataset.bad = None
+        assert next(it) == [2, 3]
+        assert next(it) == [4, 5]
+
+
+def test_example_rng_is_per_example_and_repeatable(make):
+    dataset = _rng_dataset()
+    with make(dataset, 4, shuffle=False, seed=9) as a, \
+            SerialIterator(dataset, 4, shuffle=False, seed=9) as b:
+        batches = [next(a) for _ in range(5)]
+        assert batches == [next(b) for _ in range(5)]
+    values = [v for batch in batches for _, v in batch]
+    assert len(set(values)) == len(values)   # epochs differ too
+
+
+class _rng_dataset:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        rng = chainiter.example_rng()
+        return i, (float(rng.random()), float(rng.random()))
+
+
+def test_example_rng_outside_an_iterator_is_an_error():
+    with pytest.raises(RuntimeError, match='outside'):
+        chainiter.example_rng()
+
+
+def test_get_worker_info_is_none_in_main_process(make):
+    class Info:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return chainiter.get_worker_info()
+    assert chainiter.get_worker_info() is None
+    with make(Info(), 2) as it:
+        assert next(it) == [None, None]
+
+
+def test_multithread_loads_ahead_while_the_user_holds_a_batch():
+    started = threading.Event()
+
+    class Probe:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            if i >= 2:
+                started.set()
+            return i
+
+    with MultithreadIterator(Probe(), 2, shuffle=False) as it:
+        assert next(it) == [0, 1]
+        assert started.wait(timeout=10), 'the next batch was not prefetched'
+        assert it.current_position == 2
+
+
+@pytest.mark.parametrize('batch_size', [0, -1, 1.5, '2', True, None])
+def test_bad_batch_size(make, batch_size):
+    with pytest.raises(ValueError, match='batch_size must be a positive int'):
+        make(list(range(3)), batch_size)
+
+
+def test_shuffle_and_order_sampler_together(make):
+    with pytest.raises(ValueError, match='either shuffle or order_sampler'):
+        make(list(range(3)), 1, shuffle=True,
+             order_sampler=chainiter.ShuffleOrderSampler())
+
+
+def test_empty_dataset_with_repeat(make):
+    with pytest.raises(ValueError, match='empty.*repeat=False'):
+        make([], 1)
+
+
+def test_not_a_dataset(make):
+    with pytest.raises(TypeError, match='__len__ and __getitem__'):
+        make(iter([1, 2]), 1)
+
+
+@pytest.mark.parametrize('order', [[0, 1], [0, 1, 2, 5], [0, 1, -1]],
+                         ids=['short', 'long', 'out-of-range'])
+def test_sampler_with_bad_order(make, order):
+    with pytest.raises(ValueError, match='order sampler'):
+        make(list(range(3)), 1, order_sampler=lambda o, p: numpy.array(order))
+
+
+def test_sampler_turning_bad_at_epoch_end(make):
+    calls = []
+
+    def sampler(order, position):
+        calls.append(1)
+        return numpy.arange(3) if len(calls) == 1 else numpy.arange(2)
+
+    with make(list(range(3)), 2, order_sampler=sampler) as it:
+        next(it)
+        with pytest.raises(ValueError, match='order sampler'):
+            next(it)
+
+
+def test_multithread_bad_n_threads():
+    with pytest.raises(ValueError, match='n_threads'):
+        MultithreadIterator([1], 1, n_threads=0)
+
+
+def test_bad_seed(make):
+    with pytest.raises(ValueError, match='seed'):
+        make([1, 2], 1, seed=-3)

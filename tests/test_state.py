@@ -1,0 +1,119 @@
+"""The pure core: advance() alone, no iterator, no threads."""
+
+import numpy
+import pytest
+
+from chainiter.iterators._state import IteratorState, advance, epoch_detail
+
+
+def identity_sampler(order, position, epoch):
+    return order, None
+
+
+def reversed_sampler(order, position, epoch):
+    return order[::-1].copy(), None
+
+
+def run(n, batch_size, repeat, steps, order=None, next_order=identity_sampler):
+    state = IteratorState(0, 0, False, order)
+    out = []
+    for _ in range(steps):
+        state, step = advance(state, batch_size, repeat, n, next_order)
+        if step is None:
+            out.append(None)
+            break
+        out.append((list(step.indices), state.epoch, state.current_position,
+                    state.is_new_epoch))
+    return out
+
+
+def test_divisible_repeat():
+    assert run(6, 3, True, 3) == [
+        ([0, 1, 2], 0, 3, False),
+        ([3, 4, 5], 1, 0, True),
+        ([0, 1, 2], 1, 3, False),
+    ]
+
+
+def test_wrap_around_fills_from_next_epoch():
+    assert run(5, 3, True, 3) == [
+        ([0, 1, 2], 0, 3, False),
+        ([3, 4, 0], 1, 1, True),
+        ([1, 2, 3], 1, 4, False),
+    ]
+
+
+def test_batch_larger_than_dataset_spans_epochs():
+    assert run(2, 5, True, 2) == [
+        ([0, 1, 0, 1, 0], 2, 1, True),
+        ([1, 0, 1, 0, 1], 5, 0, True),
+    ]
+
+
+def test_no_repeat_short_last_batch_then_stop():
+    assert run(5, 3, False, 4) == [
+        ([0, 1, 2], 0, 3, False),
+        ([3, 4], 1, 0, True),
+        None,
+    ]
+
+
+def test_no_repeat_exact_end_then_stop():
+    assert run(4, 2, False, 4) == [
+        ([0, 1], 0, 2, False), ([2, 3], 1, 0, True), None]
+
+
+def test_no_repeat_empty_dataset_stops_at_once():
+    assert run(0, 2, False, 2) == [None]
+
+
+def test_repeat_empty_dataset_is_an_error():
+    with pytest.raises(ValueError, match='empty'):
+        run(0, 2, True, 1)
+
+
+def test_order_sampler_called_at_each_epoch_end():
+    order = numpy.array([2, 0, 1])
+    assert run(3, 2, True, 3, order=order, next_order=reversed_sampler) == [
+        ([2, 0], 0, 2, False),
+        ([1, 1], 1, 1, True),   # next epoch's order is [1, 0, 2]
+        ([0, 2], 2, 0, True),
+    ]
+
+
+def test_keys_name_epoch_and_position_of_each_example():
+    state = IteratorState(3, 0, False, None)
+    state, step = advance(state, 4, True, 5, identity_sampler)
+    assert list(step.indices) == [3, 4, 0, 1]
+    assert list(step.epochs) == [0, 0, 1, 1]
+    assert list(step.positions) == [3, 4, 0, 1]
+
+
+def test_epoch_detail_and_previous():
+    state = IteratorState(0, 0, False, None)
+    state, _ = advance(state, 2, True, 5, identity_sampler)
+    assert state.previous_epoch_detail == 0.0
+    assert epoch_detail(state, 5) == pytest.approx(0.4)
+    state, _ = advance(state, 4, True, 5, identity_sampler)
+    assert state.previous_epoch_detail == pytest.approx(0.4)
+    assert epoch_detail(state, 5) == pytest.approx(1.2)
+
+
+def test_state_is_not_mutated():
+    order = numpy.array([1, 0, 2])
+    state = IteratorState(0, 0, False, order)
+    new_state, _ = advance(state, 4, True, 3, reversed_sampler)
+    assert state == IteratorState(0, 0, False, order)
+    assert list(order) == [1, 0, 2]
+    assert new_state.epoch == 1
+
+
+@pytest.mark.parametrize('bad', [
+    numpy.array([0, 1]), numpy.array([0, 1, 2, 3]), numpy.array([0, 1, 3]),
+    numpy.array([-1, 0, 1])])
+def test_sampler_returning_bad_order_is_an_error(bad):
+    def sampler(order, position, epoch):
+        return bad, None
+    state = IteratorState(0, 0, False, numpy.arange(3))
+    with pytest.raises(ValueError, match='order sampler'):
+        advance(state, 3, True, 3, sampler)
