@@ -136,17 +136,26 @@ def load_npz(file, obj, path='', strict=True, ignore_names=None):
     The file is read with ``allow_pickle=False``.  A file that is not an npz
     file, or is truncated, raises ``SnapshotMismatchError``.
     """
+    if isinstance(file, (str, bytes)) or hasattr(file, '__fspath__'):
+        with open(file, 'rb') as f:
+            return _load_npz(f, file, obj, path, strict, ignore_names)
+    return _load_npz(file, file, obj, path, strict, ignore_names)
+
+
+def _load_npz(f, name, obj, path, strict, ignore_names):
+    # numpy.load is given an open file: on a damaged file it would
+    # otherwise leave its own file object open.
     try:
-        npz = numpy.load(file, allow_pickle=False)
+        npz = numpy.load(f, allow_pickle=False)
     except _READ_ERRORS as e:
         raise SnapshotMismatchError(
             'cannot read {!r} as an npz snapshot ({}: {}); pass a file '
             'written by chainiter.serializers.save_npz or '
             'chainer.serializers.save_npz'.format(
-                file, type(e).__name__, e)) from e
+                name, type(e).__name__, e)) from e
     if not isinstance(npz, numpy.lib.npyio.NpzFile):
         raise SnapshotMismatchError(
-            '{!r} holds a single .npy array, not an npz snapshot'.format(file))
+            '{!r} holds a single .npy array, not an npz snapshot'.format(name))
     with npz:
         obj.serialize(NpzDeserializer(
             npz, path=path, strict=strict, ignore_names=ignore_names))
