@@ -230,3 +230,20 @@ def test_load_drops_prefetched_work():
         next(it)
         it.load_state_dict(state)
         assert next(it) == [2, 3]
+
+
+@pytest.mark.parametrize('name', ['chainer7_serial_iterator.npz',
+                                  'chainer7_multiprocess_iterator.npz'])
+@pytest.mark.parametrize('kind', KINDS, ids=KIND_IDS)
+def test_loads_files_written_by_chainer7(name, kind):
+    """Files written by chainer.serializers.save_npz (Chainer 7.8.1) from a
+    shuffling iterator over range(10), batch 3, stopped at epoch 1,
+    position 5 of the order [3, 5, 1, 2, 9, 8, 0, 6, 7, 4]."""
+    path = str(__import__('pathlib').Path(__file__).parent / 'data' / name)
+    with kind(list(range(10)), 3) as it:
+        load_npz(path, it)
+        assert (it.epoch, it.current_position, it.is_new_epoch) == (1, 5, False)
+        assert it.previous_epoch_detail == pytest.approx(1.2)
+        assert next(it) == [8, 0, 6]
+        wrap = next(it)
+        assert wrap[:2] == [7, 4] and it.is_new_epoch and it.epoch == 2
