@@ -12,7 +12,8 @@ from chainiter.errors import (  # NOQA
     SnapshotMismatchError, TimeoutWarning, WorkerDiedError,
     WorkerRestartWarning)
 from chainiter.iterators import (  # NOQA
-    Iterator, MultithreadIterator, OrderSampler, SerialIterator,
+    Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
+    SerialIterator,
     ShuffleOrderSampler)
 
 __version__ = '0.1.0'

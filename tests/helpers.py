@@ -1,7 +1,6 @@
 """Datasets and checks shared by the tests (module level, so picklable)."""
 
 import io
-import pickle
 
 import numpy
 
@@ -23,10 +22,23 @@ class AugmentedDataset:
         return i, (self.base[i] + noise).astype(numpy.float32)
 
 
+def _canonical(value):
+    if isinstance(value, numpy.ndarray):
+        return ('ndarray', value.dtype.str, value.shape,
+                numpy.ascontiguousarray(value).tobytes())
+    if isinstance(value, numpy.generic):
+        return ('scalar', value.dtype.str, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_canonical(v) for v in value))
+    if isinstance(value, dict):
+        return ('dict', tuple((k, _canonical(v)) for k, v in value.items()))
+    return (type(value).__name__, repr(value))
+
+
 def fingerprint(batch):
     """Bytes that are equal exactly when two batches are equal value for
-    value, dtype for dtype and shape for shape."""
-    return pickle.dumps(batch, protocol=4)
+    value, type for type, dtype for dtype and shape for shape."""
+    return repr(_canonical(batch)).encode()
 
 
 def take(iterator, n):
@@ -70,3 +82,128 @@ def assert_resume_equivalent(make_source, make_targets, n_steps):
                         'resumed after step {} into {} ({}): the stream '
                         'differs'.format(k, type(target).__name__, via))
             assert fingerprint(next(source)) == expected[k]
+
+
+# ---- datasets for the multiprocess tests (module level: picklable) --------
+
+START_METHODS = ['fork', 'forkserver', 'spawn']
+
+
+class Examples:
+    """Examples of one kind: 'tuple', 'dict', 'array', 'plain' (no arrays)
+    or 'varying' (arrays of varying shapes)."""
+
+    def __init__(self, n, kind):
+        self.n = n
+        self.kind = kind
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = numpy.arange(i, i + 6, dtype=numpy.float32).reshape(2, 3)
+        if self.kind == 'tuple':
+            return x, numpy.int32(i), i * 0.5
+        if self.kind == 'dict':
+            return {'x': x, 'label': i}
+        if self.kind == 'array':
+            return x
+        if self.kind == 'plain':
+            return ('example', i, [i] * (i % 3))
+        if self.kind == 'varying':
+            return (numpy.full(1 + (i * 7) % 11, i, dtype=numpy.int64),
+                    numpy.ones((1 + i % 3, 2), dtype=numpy.float32) * i)
+        raise ValueError(self.kind)
+
+
+class Pids:
+    """Example i is (i, pid of the loading process, worker info,
+    the value worker_init_fn left)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import os
+        return i, os.getpid(), chainiter.get_worker_info(), INIT_MARK.get(
+            'worker_id')
+
+
+INIT_MARK = {}
+
+
+def mark_worker(worker_id):
+    INIT_MARK['worker_id'] = worker_id
+
+
+class Failing:
+    """Raises at ``bad``; other examples are their index."""
+
+    def __init__(self, n, bad):
+        self.n = n
+        self.bad = bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError('broken example {}'.format(i))
+        return numpy.full(4, i)
+
+
+class Stalling:
+    """Example ``slow`` takes ``seconds`` to load."""
+
+    def __init__(self, n, slow, seconds):
+        self.n, self.slow, self.seconds = n, slow, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.slow:
+            import time
+            time.sleep(self.seconds)   # simulates a stuck storage read
+        return i
+
+
+class Big:
+    """Example i is a float64 array of ``sizes[i % len(sizes)]`` values."""
+
+    def __init__(self, n, sizes):
+        self.n, self.sizes = n, sizes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        size = self.sizes[i % len(self.sizes)]
+        return numpy.full(size, i, dtype=numpy.float64), i
+
+
+def process_gone(pid):
+    import os
+    try:
+        with open('/proc/{}/stat'.format(pid)) as f:
+            state = f.read().rsplit(')', 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ('Z', 'X')
+
+
+def wait_processes_gone(pids, timeout):
+    """True when every pid has exited within ``timeout`` seconds (polls
+    /proc: a process of another parent offers nothing to wait on)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(process_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.01)
+    return all(process_gone(pid) for pid in pids)
+
+
+def shm_files():
+    import os
+    return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()

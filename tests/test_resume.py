@@ -1,6 +1,7 @@
 """Snapshots restore exactly: into any kind, after any step."""
 
 import functools
+import pathlib
 import io
 
 import numpy
@@ -239,7 +240,7 @@ def test_loads_files_written_by_chainer7(name, kind):
     """Files written by chainer.serializers.save_npz (Chainer 7.8.1) from a
     shuffling iterator over range(10), batch 3, stopped at epoch 1,
     position 5 of the order [3, 5, 1, 2, 9, 8, 0, 6, 7, 4]."""
-    path = str(__import__('pathlib').Path(__file__).parent / 'data' / name)
+    path = str(pathlib.Path(__file__).parent / "data" / name)
     with kind(list(range(10)), 3) as it:
         load_npz(path, it)
         assert (it.epoch, it.current_position, it.is_new_epoch) == (1, 5, False)

@@ -5,3 +5,5 @@ from chainiter.iterators.multithread_iterator import MultithreadIterator  # NOQA
 from chainiter.iterators.order_samplers import (  # NOQA
     OrderSampler, ShuffleOrderSampler)
 from chainiter.iterators.serial_iterator import SerialIterator  # NOQA
+from chainiter.iterators.multiprocess_iterator import (  # NOQA
+    MultiprocessIterator)

@@ -1,0 +1,251 @@
+"""Where the arrays of a batch go in a shared-memory slot.
+
+Two layouts, both measured from the first batch:
+
+- ``list``: every example gets a region of ``example_bytes``; the arrays of
+  its top-level fields are written one after another (64-byte aligned) and
+  the worker sends back the example with each array replaced by a
+  ``ShmRef(offset, shape, dtype)``.  The parent hands out views.
+- ``stacked`` (``converter=concat_examples``): every field of the batch is
+  one array of shape ``(batch_size,) + capacity`` in the slot; worker ``w``
+  writes example ``j`` straight into row ``j`` (padding included), so the
+  parent hands out ``concat_examples``' result without copying.
+
+An example that does not fit (too large, another dtype or structure) is
+sent back whole through the pipe instead; the parent then builds that batch
+the ordinary way, so nothing is ever truncated.
+"""
+
+import typing
+
+import numpy
+
+from chainiter.dataset.convert import concat_examples
+
+_ALIGN = 64
+
+
+def _align(n):
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class ShmRef(typing.NamedTuple):
+    """An array that was written into shared memory."""
+    offset: int
+    shape: tuple
+    dtype: str
+
+
+class Field(typing.NamedTuple):
+    key: object          # tuple position, dict key, or None for bare examples
+    dtype: str
+    capacity: tuple      # largest shape the slot holds for one example
+    offset: int          # where the field's rows start in a slot
+    row_bytes: int
+
+
+class Layout(typing.NamedTuple):
+    mode: str                    # 'list' or 'stacked'
+    slot_bytes: int
+    example_bytes: int = 0       # list mode
+    structure: str = ''          # stacked mode: 'tuple', 'dict' or 'single'
+    fields: tuple = ()           # stacked mode
+    padding: object = None       # stacked mode: the value, tuple or dict
+
+
+# ---- the list layout -----------------------------------------------------
+
+def _fields_of(example):
+    if isinstance(example, tuple):
+        return enumerate(example)
+    if isinstance(example, dict):
+        return example.items()
+    return [(None, example)]
+
+
+def example_array_bytes(example):
+    """Bytes the top-level arrays of ``example`` take in the list layout."""
+    return sum(_align(value.nbytes) for _, value in _fields_of(example)
+               if isinstance(value, numpy.ndarray) and value.dtype.kind != 'O')
+
+
+def list_layout(batch_size, example_bytes):
+    example_bytes = _align(example_bytes)
+    return Layout('list', batch_size * example_bytes, example_bytes)
+
+
+def write_list_example(whole, start, layout, example):
+    """Write the arrays of ``example`` at ``start``; return the example with
+    ``ShmRef``s in their place, or None when they do not fit."""
+    if example_array_bytes(example) > layout.example_bytes:
+        return None
+    offset = start
+
+    def put(value):
+        nonlocal offset
+        if not isinstance(value, numpy.ndarray) or value.dtype.kind == 'O':
+            return value
+        n = value.nbytes
+        dst = whole[offset:offset + n].view(value.dtype).reshape(value.shape)
+        numpy.copyto(dst, value)
+        ref = ShmRef(offset, value.shape, value.dtype.str)
+        offset += _align(n)
+        return ref
+
+    if isinstance(example, tuple):
+        return tuple(put(value) for value in example)
+    if isinstance(example, dict):
+        return {key: put(value) for key, value in example.items()}
+    return put(example)
+
+
+def read_list_example(base, slot_start, meta):
+    """Rebuild an example from ``write_list_example``'s result, its arrays
+    viewing ``base`` (the slot's bytes, which start at ``slot_start``)."""
+    def get(value):
+        if type(value) is not ShmRef:
+            return value
+        dtype = numpy.dtype(value.dtype)
+        start = value.offset - slot_start
+        count = int(numpy.prod(value.shape, dtype=numpy.int64))
+        return base[start:start + count * dtype.itemsize].view(
+            dtype).reshape(value.shape)
+
+    if isinstance(meta, tuple) and type(meta) is not ShmRef:
+        return tuple(get(value) for value in meta)
+    if isinstance(meta, dict):
+        return {key: get(value) for key, value in meta.items()}
+    return get(meta)
+
+
+# ---- the stacked layout --------------------------------------------------
+
+def stacked_layout(batch, batch_size, padding, capacities=None):
+    """The stacked layout for batches like ``batch``, or None when
+    ``concat_examples`` would not give numeric arrays for it.
+
+    ``capacities`` (per field) raise the measured shapes, to grow a layout.
+    """
+    try:
+        stacked = concat_examples(batch, padding=padding)
+    except Exception:
+        return None
+    first = batch[0]
+    if isinstance(first, tuple):
+        structure, keyed = 'tuple', list(enumerate(stacked))
+    elif isinstance(first, dict):
+        structure, keyed = 'dict', list(stacked.items())
+    else:
+        structure, keyed = 'single', [(None, stacked)]
+    fields = []
+    offset = 0
+    for key, array in keyed:
+        if not isinstance(array, numpy.ndarray) or array.dtype.kind not in \
+                'biufc':
+            return None
+        capacity = array.shape[1:]
+        if capacities is not None and key in capacities:
+            capacity = tuple(max(a, b)
+                             for a, b in zip(capacity, capacities[key]))
+        row_bytes = int(numpy.prod(capacity, dtype=numpy.int64)) * \
+            array.dtype.itemsize
+        fields.append(Field(key, array.dtype.str, capacity, offset,
+                            row_bytes))
+        offset += _align(row_bytes * batch_size)
+    return Layout('stacked', offset, structure=structure,
+                  fields=tuple(fields), padding=padding)
+
+
+def _field_padding(layout, key):
+    padding = layout.padding
+    if isinstance(padding, (tuple, dict)):
+        return padding[key]
+    return padding
+
+
+def _field_value(layout, example, key):
+    if layout.structure == 'tuple':
+        if not isinstance(example, tuple) or len(example) != len(
+                layout.fields):
+            raise KeyError(key)
+        return example[key]
+    if layout.structure == 'dict':
+        if not isinstance(example, dict) or example.keys() != {
+                f.key for f in layout.fields}:
+            raise KeyError(key)
+        return example[key]
+    if isinstance(example, (tuple, dict)):
+        raise KeyError(key)
+    return example
+
+
+def write_stacked_example(whole, slot_start, layout, row, example):
+    """Write ``example`` into row ``row``; return the tuple of its field
+    shapes, or None when it does not fit the layout."""
+    shapes = []
+    checked = []
+    for field in layout.fields:
+        try:
+            value = numpy.asarray(_field_value(layout, example, field.key))
+        except KeyError:
+            return None
+        if value.dtype.str != field.dtype or value.ndim != len(
+                field.capacity):
+            return None
+        padding = _field_padding(layout, field.key)
+        if padding is None:
+            if value.shape != field.capacity:
+                return None
+        elif any(a > b for a, b in zip(value.shape, field.capacity)):
+            return None
+        checked.append((field, value, padding))
+        shapes.append(value.shape)
+    for field, value, padding in checked:
+        start = slot_start + field.offset + row * field.row_bytes
+        dst = whole[start:start + field.row_bytes].view(
+            field.dtype).reshape(field.capacity)
+        if padding is None or value.shape == field.capacity:
+            dst[...] = value
+        else:
+            dst.fill(padding)
+            dst[tuple(slice(n) for n in value.shape)] = value
+    return tuple(shapes)
+
+
+def read_stacked(base, layout, n, shapes):
+    """The stacked batch of ``n`` rows as views of ``base`` (the slot's
+    bytes); ``shapes`` holds each example's field shapes."""
+    out = []
+    for i, field in enumerate(layout.fields):
+        rows = base[field.offset:field.offset + field.row_bytes * n].view(
+            field.dtype).reshape((n,) + field.capacity)
+        if _field_padding(layout, field.key) is not None and field.capacity:
+            top = tuple(max(s[i][d] for s in shapes)
+                        for d in range(len(field.capacity)))
+            if top != field.capacity:
+                rows = rows[(slice(None),) + tuple(slice(t) for t in top)]
+        out.append(rows)
+    if layout.structure == 'tuple':
+        return tuple(out)
+    if layout.structure == 'dict':
+        return {field.key: array for field, array in zip(layout.fields, out)}
+    return out[0]
+
+
+def unstack(batch, layout, n, shapes):
+    """The examples of a stacked batch (views), for the rare batch that has
+    to be converted in the parent."""
+    examples = []
+    for j in range(n):
+        values = []
+        for i, field in enumerate(layout.fields):
+            array = batch[field.key] if layout.structure != 'single' \
+                else batch
+            values.append(array[(j,) + tuple(slice(s) for s in shapes[j][i])])
+        if layout.structure == 'tuple':
+            examples.append(tuple(values))
+        elif layout.structure == 'dict':
+            examples.append({f.key: v for f, v in zip(layout.fields, values)})
+        else:
+            examples.append(values[0])
+    return examples

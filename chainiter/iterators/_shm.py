@@ -1,0 +1,117 @@
+"""Shared-memory buffers that worker processes write examples into.
+
+A ``SharedBuffer`` is what ``multiprocessing.sharedctypes`` is built on: a
+file in ``/dev/shm`` (or, when that lacks room, Python's temporary directory),
+unlinked as soon as it is created, kept open and mapped with ``mmap``.  Since
+the file has no name, nothing is left behind even if every process is
+killed.  Two things differ from a ``RawArray``:
+
+- the blocks are reserved with ``posix_fallocate`` when the buffer is made,
+  so a full ``/dev/shm`` is an error (or a fallback with a warning) at
+  allocation, never a Bus error when a page is first written;
+- it pickles as a duplicated file descriptor at any time, not only while a
+  process is being started, so buffers sized from the first batch can be
+  handed to workers that are already running.
+"""
+
+import errno
+import mmap
+import os
+import tempfile
+import warnings
+
+from multiprocessing import reduction
+
+from chainiter.errors import SharedMemoryWarning
+
+_SHM_DIR = '/dev/shm'
+
+
+def _free_bytes(directory):
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _create_file(directory, size):
+    """An unlinked file of ``size`` reserved bytes in ``directory``; raises
+    OSError(ENOSPC) when it does not fit."""
+    fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
+    os.unlink(name)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _size_text(n):
+    return '{:,} bytes ({:.1f} MiB)'.format(n, n / 2 ** 20)
+
+
+class SharedBuffer:
+    """``size`` bytes of memory shared with worker processes.
+
+    ``buffer`` is the writable ``mmap``.  Created in the parent with
+    ``SharedBuffer.allocate(size)``; unpickled in a worker it maps the same
+    memory.
+    """
+
+    def __init__(self, size, fd):
+        self.size = size
+        self.fd = fd
+        self.buffer = mmap.mmap(fd, size) if size else None
+
+    @classmethod
+    def allocate(cls, size):
+        size = max(int(size), 1)
+        directories = [_SHM_DIR, tempfile.gettempdir()]
+        if not os.path.isdir(_SHM_DIR):
+            directories = directories[1:]
+        tried = []
+        for directory in directories:
+            free = _free_bytes(directory)
+            try:
+                fd = _create_file(directory, size)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                    raise
+                tried.append((directory, free))
+                continue
+            if tried:
+                warnings.warn(
+                    'shared-memory buffers of {} do not fit in {} ({} free), '
+                    'so they were placed in {}, which may be slower. Enlarge '
+                    '/dev/shm (e.g. docker run --shm-size=..., or mount -o '
+                    'remount,size=... /dev/shm) or lower n_prefetch, '
+                    'batch_size or shared_mem'.format(
+                        _size_text(size), tried[0][0],
+                        _size_text(tried[0][1]), directory),
+                    SharedMemoryWarning, stacklevel=4)
+            return cls(size, fd)
+        raise MemoryError(
+            'no room for {} of shared-memory buffers: {}. Enlarge /dev/shm '
+            '(e.g. docker run --shm-size=...) or the temporary directory '
+            '(TMPDIR), or lower n_prefetch, batch_size or shared_mem'.format(
+                _size_text(size), ', '.join(
+                    '{} has {} free'.format(d, _size_text(f))
+                    for d, f in tried)))
+
+    def close(self):
+        """Release this process's mapping.  Arrays that still view it keep
+        the memory valid (the mapping stays until they are gone)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __reduce__(self):
+        if self.fd < 0:
+            raise ValueError('this SharedBuffer was closed')
+        return _rebuild, (self.size, reduction.DupFd(self.fd))
+
+
+def _rebuild(size, dupfd):
+    return SharedBuffer(size, dupfd.detach())

@@ -1,0 +1,185 @@
+"""The worker process: turns tasks (lists of indices) into examples.
+
+A worker reads messages from its pipe, in order:
+
+- ``('buffers', SharedBuffer, Layout)``: use these buffers from now on;
+- ``Task``: load the examples, write their arrays into the task's slot, and
+  send back a ``Result`` with the small metadata (or the examples
+  themselves when there is no slot or they do not fit);
+- ``None``: exit.
+
+It exits by itself when the parent's end of the pipe closes, and (on Linux)
+is killed by the kernel when the parent dies.  It ignores SIGINT: Ctrl-C is
+the parent's to handle.
+"""
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import typing
+
+import numpy
+
+from chainiter import _context
+from chainiter.iterators import _layout
+
+_PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
+
+
+class Task(typing.NamedTuple):
+    generation: int
+    seq: int
+    chunk: int
+    start: int              # row of the first example within the batch
+    indices: numpy.ndarray
+    epochs: numpy.ndarray
+    positions: numpy.ndarray
+    slot_start: int         # byte offset of the slot, or -1 for no slot
+    buffer_id: int
+    seed: int               # keys example_rng()
+
+
+class Result(typing.NamedTuple):
+    generation: int
+    seq: int
+    chunk: int
+    worker: int
+    metas: list             # per example: meta, or ('example', example)
+    error: object = None    # a RemoteError when loading failed
+
+
+class RemoteError(typing.NamedTuple):
+    """An exception raised in a worker, sent home with its traceback."""
+    exception: object       # the exception, or None if it could not be pickled
+    type_name: str
+    message: str
+    traceback: str
+    index: int
+
+
+class RemoteTraceback(Exception):
+    """Holds the formatted traceback of a worker; set as ``__cause__``."""
+
+    def __init__(self, tb):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return '\n\n"""\n{}"""'.format(self.tb)
+
+
+def _watch_parent(parent_pid):
+    """Exit when the parent dies, even while ``dataset[i]`` is stuck."""
+    if os.getppid() == parent_pid and sys.platform.startswith('linux'):
+        _set_parent_death_signal()   # the kernel kills us at once
+    # Under forkserver the parent is the server, so also check by pid.
+    def watch():
+        while True:
+            time.sleep(_PARENT_CHECK_S)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+    threading.Thread(target=watch, name='chainiter-parent-watch',
+                     daemon=True).start()
+
+
+def _set_parent_death_signal():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _remote_error(e, index):
+    tb = ''.join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        pickle.loads(pickle.dumps(e))
+        exception = e
+    except Exception:
+        exception = None
+    return RemoteError(exception, type(e).__qualname__, str(e), tb, index)
+
+
+def worker_main(conn, dataset, seed, worker_id, num_workers,
+                worker_init_fn, parent_pid, max_tasks):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(parent_pid)
+    _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
+                                                 seed + worker_id))
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    whole = layout = None
+    buffer_id = -1
+    done = 0
+    while max_tasks is None or done < max_tasks:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        if message[0] == 'buffers':
+            _, buffer_id, shared, layout = message
+            whole = numpy.frombuffer(shared.buffer, dtype=numpy.uint8)
+            shared.close()
+            continue
+        task = message
+        use_slot = task.slot_start >= 0 and task.buffer_id == buffer_id
+        metas = []
+        error = None
+        for row, (index, epoch, position) in enumerate(
+                zip(task.indices, task.epochs, task.positions),
+                task.start):
+            try:
+                example = _context.load_example(dataset, index, task.seed,
+                                                epoch, position)
+            except Exception as e:
+                error = _remote_error(e, int(index))
+                break
+            meta = None
+            if use_slot:
+                if layout.mode == 'list':
+                    meta = _layout.write_list_example(
+                        whole, task.slot_start + row * layout.example_bytes,
+                        layout, example)
+                else:
+                    meta = _layout.write_stacked_example(
+                        whole, task.slot_start, layout, row, example)
+            metas.append(('example', example) if meta is None else meta)
+        result = Result(task.generation, task.seq, task.chunk, worker_id,
+                        metas, error)
+        try:
+            conn.send(result)
+        except Exception as e:
+            if isinstance(e, (BrokenPipeError, EOFError)):
+                return
+            # The examples (or the exception) cannot be pickled.
+            bad = _first_unpicklable(result, task)
+            conn.send(Result(task.generation, task.seq, task.chunk,
+                             worker_id, [], RemoteError(
+                                 None, type(e).__qualname__,
+                                 'the example of dataset[{}] cannot be sent '
+                                 'from the worker: {}'.format(bad, e),
+                                 traceback.format_exc(), bad)))
+        done += 1
+
+
+def _first_unpicklable(result, task):
+    for index, meta in zip(task.indices, result.metas):
+        try:
+            pickle.dumps(meta)
+        except Exception:
+            return int(index)
+    if result.error is not None:
+        return result.error.index
+    return int(task.indices[0])

@@ -1,0 +1,668 @@
+"""MultiprocessIterator: examples loaded by worker processes into shared memory.
+
+::
+
+    main thread (next)                    receiver thread           workers
+    ──────────────────                    ───────────────           ───────
+    advance(state) ─► Step ─► split into chunks ─► Task ────pipe────► dataset[i]
+                                                                     write arrays
+                                                                     into the slot
+    wait on ready ◄── Reorderer ◄── Result (metadata) ◄────pipe──────┘
+    views of the slot ─► user            ▲
+                                         └── Process.sentinel: a dead worker's
+                                             chunks go to its replacement
+
+Each batch in flight owns a slot of the shared buffers; a slot is reused only
+when its chunks are done and no array handed to the user still views it
+(every hand-out exports the slot through one ctypes object, and a weak
+reference to it tells when the last view is gone).  When no slot is free, the
+batch travels through the pipe instead.  The first batch always does: it
+measures the sizes, then the buffers are allocated and sent to the running
+workers.  Every task carries a generation number; ``reset()``, loading a
+snapshot and an exception bump it, and results of older generations are
+dropped.
+"""
+
+import ctypes
+import functools
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import threading
+import time
+import warnings
+import weakref
+
+import numpy
+
+from chainiter.dataset.convert import concat_examples
+from chainiter.errors import (
+    ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError,
+    WorkerRestartWarning)
+from chainiter.iterators import _layout
+from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._reorder import Reorderer
+from chainiter.iterators._shm import SharedBuffer
+from chainiter.iterators._worker import RemoteTraceback, Task, worker_main
+
+_JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
+_RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
+_MAX_DEATHS_PER_BATCH = 3
+_GROWTH = 1.25                # buffers grow at least by this factor
+
+
+def _stacking_padding(converter):
+    """``(True, padding)`` when ``converter`` is ``concat_examples`` or a
+    ``functools.partial`` of it with only ``padding``; else ``(False, None)``."""
+    if converter is concat_examples:
+        return True, None
+    if isinstance(converter, functools.partial) and \
+            converter.func is concat_examples and not converter.args and \
+            set(converter.keywords) <= {'padding'}:
+        return True, converter.keywords.get('padding')
+    return False, None
+
+
+class _Slot:
+    __slots__ = ('start', 'busy', 'owner', 'exporter')
+
+    def __init__(self, start):
+        self.start = start
+        self.busy = 0          # chunks that may still write into it
+        self.owner = None      # (generation, seq) of the batch it is for
+        self.exporter = None   # weak reference to the hand-out's exporter
+
+
+class _Buffers:
+    def __init__(self, buffer_id, layout, n_slots):
+        self.id = buffer_id
+        self.layout = layout
+        self.shared = SharedBuffer.allocate(layout.slot_bytes * n_slots)
+        self.slots = [_Slot(i * layout.slot_bytes) for i in range(n_slots)]
+
+
+class _Batch:
+    def __init__(self, generation, seq, step, n_chunks, slot, buffers):
+        self.generation = generation
+        self.seq = seq
+        self.step = step
+        self.n_chunks = n_chunks
+        self.slot = slot
+        self.buffers = buffers
+        self.results = {}
+        self.deaths = 0
+        self.failure = None    # an exception to raise instead of the batch
+
+
+class _Worker:
+    def __init__(self, worker_id, process, conn):
+        self.id = worker_id
+        self.process = process
+        self.conn = conn
+        self.sentinel = process.sentinel
+        self.send_lock = threading.Lock()
+        self.outstanding = {}  # (seq, chunk) -> Task
+        self.sent = 0
+
+    def send(self, message):
+        with self.send_lock:
+            self.conn.send(message)
+
+
+class _Pool:
+    """The worker processes, the buffers and the receiver thread.
+
+    It holds no reference to the iterator, so that garbage collection of the
+    iterator finalizes the pool.
+    """
+
+    def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
+                 max_tasks, n_slots):
+        self._ctx = ctx
+        self._dataset = dataset
+        self._n_workers = n_workers
+        self._seed = seed
+        self._worker_init_fn = worker_init_fn
+        self._max_tasks = max_tasks
+        self._n_slots = n_slots
+        self._lock = threading.Lock()
+        self._ready = queue.Queue()
+        self._reorderer = Reorderer()
+        self._generation = 0
+        self._next_seq = 0
+        self._inflight = {}
+        self._workers = []
+        self._next_worker_id = 0
+        self._buffers = None
+        self._events = []        # warnings to raise in the main thread
+        self._closed = False
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = multiprocessing.connection.Pipe(
+            duplex=False)
+        for _ in range(n_workers):
+            self._start_worker()
+        self._thread = threading.Thread(
+            target=self._receive_loop, name='chainiter-receiver', daemon=True)
+        self._thread.start()
+
+    # ---- workers ---------------------------------------------------------
+
+    def _start_worker(self):
+        parent_conn, child_conn = self._ctx.Pipe()
+        worker_id = self._next_worker_id % self._n_workers
+        self._next_worker_id += 1
+        process = self._ctx.Process(
+            target=worker_main, name='chainiter-worker-{}'.format(worker_id),
+            args=(child_conn, self._dataset, self._seed, worker_id,
+                  self._n_workers, self._worker_init_fn, os.getpid(),
+                  self._max_tasks),
+            daemon=True)
+        process.start()
+        child_conn.close()
+        worker = _Worker(worker_id, process, parent_conn)
+        if self._buffers is not None:
+            worker.send(('buffers', self._buffers.id, self._buffers.shared,
+                         self._buffers.layout))
+        self._workers.append(worker)
+        return worker
+
+    def _accepting(self):
+        return [w for w in self._workers
+                if self._max_tasks is None or w.sent < self._max_tasks]
+
+    def _assign(self, task):
+        workers = self._accepting()
+        while len(workers) < self._n_workers:
+            workers.append(self._start_worker())
+        worker = min(workers, key=lambda w: len(w.outstanding))
+        worker.outstanding[(task.seq, task.chunk)] = task
+        worker.sent += 1
+        worker.send(task)
+
+    # ---- the main thread's side -------------------------------------------
+
+    def submit(self, step, seed):
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            slot, buffers = self._free_slot()
+            n = len(step.indices)
+            n_chunks = min(n, 2 * self._n_workers)
+            bounds = numpy.linspace(0, n, n_chunks + 1).astype(int)
+            batch = _Batch(self._generation, seq, step, n_chunks, slot,
+                           buffers)
+            self._inflight[seq] = batch
+            if slot is not None:
+                slot.busy += n_chunks
+                slot.owner = (self._generation, seq)
+            for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+                self._assign(Task(
+                    self._generation, seq, chunk, int(a), step.indices[a:b],
+                    step.epochs[a:b], step.positions[a:b],
+                    -1 if slot is None else slot.start,
+                    -1 if buffers is None else buffers.id, seed))
+            return self._generation, seq
+
+    def _free_slot(self):
+        buffers = self._buffers
+        if buffers is None:
+            return None, None
+        for slot in buffers.slots:
+            if slot.busy == 0 and (
+                    slot.owner is None or slot.owner[0] != self._generation) \
+                    and (slot.exporter is None or slot.exporter() is None):
+                return slot, buffers
+        return None, None
+
+    def wait(self, handle, timeout):
+        """The finished ``_Batch`` of ``handle``; warns every ``timeout``
+        seconds while waiting."""
+        generation, seq = handle
+        while True:
+            self._raise_events()
+            try:
+                batch = self._ready.get(
+                    timeout=timeout if timeout else _RECEIVER_POLL_S)
+            except queue.Empty:
+                if timeout:
+                    warnings.warn(
+                        'no batch arrived for {} seconds (dataset_timeout); '
+                        'a dataset[i] may be stuck. The iterator goes on '
+                        'waiting'.format(timeout), TimeoutWarning,
+                        stacklevel=4)
+                if not self._thread.is_alive() and not self._closed:
+                    raise ChainiterError(
+                        'the receiver thread of MultiprocessIterator died')
+                continue
+            if isinstance(batch, BaseException):
+                raise batch
+            if batch.generation == generation and batch.seq == seq:
+                self._raise_events()
+                return batch
+
+    def _raise_events(self):
+        with self._lock:
+            events, self._events = self._events, []
+        for category, message in events:
+            warnings.warn(message, category, stacklevel=5)
+
+    def hand_out(self, batch):
+        """Mark the batch's slot as viewed by the user; return the exporter
+        that every array of the hand-out must view."""
+        slot = batch.slot
+        if slot is None:
+            return None
+        exporter = (ctypes.c_char * batch.buffers.layout.slot_bytes) \
+            .from_buffer(batch.buffers.shared.buffer, slot.start)
+        with self._lock:
+            slot.exporter = weakref.ref(exporter)
+            slot.owner = None
+        return exporter
+
+    def new_generation(self):
+        """Drop every batch in flight (their results are ignored)."""
+        with self._lock:
+            self._generation += 1
+            self._inflight.clear()
+            self._reorderer.reset(self._next_seq)
+
+    def use_layout(self, layout):
+        """Allocate buffers for ``layout`` and hand them to the workers."""
+        with self._lock:
+            old = self._buffers
+            buffer_id = 0 if old is None else old.id + 1
+            self._buffers = _Buffers(buffer_id, layout, self._n_slots)
+            for worker in self._workers:
+                worker.send(('buffers', buffer_id, self._buffers.shared,
+                             layout))
+            if old is not None:
+                old.shared.close()
+
+    @property
+    def layout(self):
+        buffers = self._buffers
+        return None if buffers is None else buffers.layout
+
+    # ---- the receiver thread ------------------------------------------------
+
+    def _receive_loop(self):
+        try:
+            while not self._stop.is_set():
+                workers = list(self._workers)
+                conns = {w.conn: w for w in workers}
+                sentinels = {w.sentinel: w for w in workers}
+                ready = multiprocessing.connection.wait(
+                    list(conns) + list(sentinels) + [self._wake_r],
+                    timeout=_RECEIVER_POLL_S)
+                if self._stop.is_set():
+                    return
+                for obj in ready:
+                    if obj in conns:
+                        self._receive(conns[obj])
+                for obj in ready:
+                    if obj in sentinels:
+                        self._worker_exited(sentinels[obj])
+                if self._wake_r in ready:
+                    while self._wake_r.poll():
+                        self._wake_r.recv_bytes()
+        except BaseException as e:   # a bug here must not hang next()
+            if not self._closed:
+                self._ready.put(ChainiterError(
+                    'the receiver thread of MultiprocessIterator failed: '
+                    '{!r}'.format(e)))
+            raise
+
+    def _receive(self, worker):
+        try:
+            while worker.conn.poll():
+                result = worker.conn.recv()
+                with self._lock:
+                    self._on_result(worker, result)
+        except (EOFError, OSError):
+            pass   # the worker died; its sentinel tells
+
+    def _on_result(self, worker, result):
+        task = worker.outstanding.pop((result.seq, result.chunk), None)
+        if task is None:
+            return
+        self._release_chunk(task)
+        if result.generation != self._generation:
+            return
+        batch = self._inflight.get(result.seq)
+        if batch is None:
+            return
+        batch.results[result.chunk] = result
+        if len(batch.results) == batch.n_chunks:
+            self._complete(batch)
+
+    def _release_chunk(self, task):
+        buffers = self._buffers
+        if task.slot_start < 0:
+            return
+        for candidate in ([buffers] if buffers else []):
+            if candidate.id == task.buffer_id:
+                candidate.slots[
+                    task.slot_start // candidate.layout.slot_bytes].busy -= 1
+
+    def _complete(self, batch):
+        del self._inflight[batch.seq]
+        for ready in self._reorderer.push(batch.seq, batch):
+            self._ready.put(ready)
+
+    def _worker_exited(self, worker):
+        with self._lock:
+            if worker not in self._workers:
+                return
+            # Results it sent before exiting are still in the pipe.
+            try:
+                while worker.conn.poll():
+                    self._on_result(worker, worker.conn.recv())
+            except (EOFError, OSError):
+                pass
+            self._workers.remove(worker)
+            worker.process.join()
+            worker.conn.close()
+            lost = list(worker.outstanding.values())
+            if not lost and worker.process.exitcode == 0:
+                return          # retired after maxtasksperchild
+            if self._closed:
+                return
+            code = worker.process.exitcode
+            how = 'exit code {}'.format(code) if code >= 0 else \
+                'signal {}'.format(-code)
+            if code == -9:
+                how += ' (SIGKILL: probably killed by the OOM killer)'
+            self._events.append((WorkerRestartWarning, (
+                'worker process {} (pid {}) died with {}; a new worker '
+                'takes over and {} unfinished chunk(s) are loaded '
+                'again'.format(worker.id, worker.process.pid, how,
+                               len(lost)))))
+            for task in lost:
+                self._release_chunk(task)
+                batch = self._inflight.get(task.seq)
+                if task.generation != self._generation or batch is None:
+                    continue
+                batch.deaths += 1
+                if batch.deaths >= _MAX_DEATHS_PER_BATCH:
+                    batch.failure = WorkerDiedError(
+                        'worker processes died {} times while loading the '
+                        'batch of dataset indices {}; the last one (pid {}) '
+                        'died with {}. The iterator stays at this '
+                        'batch'.format(batch.deaths,
+                                       batch.step.indices.tolist(),
+                                       worker.process.pid, how))
+                    batch.results = {}
+                    self._complete(batch)
+                    continue
+                if task.slot_start >= 0 and batch.slot is not None:
+                    batch.slot.busy += 1
+                self._assign(task)
+            while len(self._accepting()) < self._n_workers:
+                self._start_worker()
+
+    # ---- shutdown ----------------------------------------------------------
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            self._wake_w.send_bytes(b'x')
+        except OSError:
+            pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(_JOIN_TIMEOUT_S * 5)
+        workers = list(self._workers)
+        for worker in workers:
+            try:
+                worker.send(None)   # exit after the task at hand
+            except OSError:
+                pass
+            worker.conn.close()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        self._workers = []
+        self._wake_r.close()
+        self._wake_w.close()
+        if self._buffers is not None:
+            self._buffers.shared.close()
+
+
+def _check_picklable(obj, what, method):
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except RuntimeError:
+        # Locks, events and queues of multiprocessing pickle only while a
+        # process starts; they reach the workers then.
+        pass
+    except Exception as e:
+        raise TypeError(
+            'MultiprocessIterator with start method {!r} sends the {} to the '
+            'worker processes by pickling, but it cannot be pickled ({}: '
+            '{}). Define its class and the functions it uses at module '
+            'level (not inside a function, not as a lambda), or use '
+            'start_method="fork"'.format(method, what, type(e).__name__, e)
+        ) from e
+
+
+class MultiprocessIterator(DatasetIterator):
+    """Loads examples in worker processes, through shared memory.
+
+    Args:
+        dataset, batch_size, repeat, shuffle, order_sampler, seed: as for
+            ``SerialIterator``; the batches are the same.
+        n_processes (int or None): worker processes (None: the CPUs this
+            process may use).
+        n_prefetch (int): batches in flight ahead of the one handed out.
+        shared_mem (int or None): bytes of shared memory per example (None:
+            measured from the first batch).  Larger examples are still
+            delivered, with a ``SharedMemoryWarning``, and the buffers grow.
+        dataset_timeout (float or None): warn with ``TimeoutWarning`` when no
+            batch arrived for that many seconds.
+        maxtasksperchild (int or None): replace a worker after that many
+            tasks.
+        converter: applied to each batch.  With ``concat_examples`` (or a
+            ``functools.partial`` of it with ``padding``) the workers stack the
+            batch straight into shared memory and ``next()`` returns it.
+        start_method (str or None): ``'fork'``, ``'forkserver'``, ``'spawn'``,
+            or None for Python's default.
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` in each
+            worker when it starts.
+
+    Arrays handed out may view shared memory; they stay valid and unchanged
+    for as long as they are referenced.
+    """
+
+    TimeoutWarning = TimeoutWarning
+
+    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
+                 n_processes=None, n_prefetch=1, shared_mem=None,
+                 order_sampler=None, dataset_timeout=30.0,
+                 maxtasksperchild=None, *, seed=None, converter=None,
+                 start_method=None, worker_init_fn=None):
+        self._pool = None
+        if n_processes is None:
+            n_processes = len(os.sched_getaffinity(0)) if hasattr(
+                os, 'sched_getaffinity') else os.cpu_count() or 1
+        for name, value, minimum in (('n_processes', n_processes, 1),
+                                     ('n_prefetch', n_prefetch, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or \
+                    value < minimum:
+                raise ValueError(
+                    '{} must be an int >= {}, got {!r}{}'.format(
+                        name, minimum, value,
+                        '; use SerialIterator to load in the main process'
+                        if name == 'n_processes' else ''))
+        if shared_mem is not None and (
+                isinstance(shared_mem, bool)
+                or not isinstance(shared_mem, int) or shared_mem <= 0):
+            raise ValueError('shared_mem must be a positive int (bytes per '
+                             'example) or None, got {!r}'.format(shared_mem))
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int)
+                or maxtasksperchild <= 0):
+            raise ValueError('maxtasksperchild must be a positive int or '
+                             'None, got {!r}'.format(maxtasksperchild))
+        if converter is not None and not callable(converter):
+            raise TypeError('converter must be callable, got {!r}'.format(
+                converter))
+        super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
+                         seed)
+        self.n_processes = n_processes
+        self.n_prefetch = n_prefetch
+        self.shared_mem = shared_mem
+        self.dataset_timeout = dataset_timeout
+        self.maxtasksperchild = maxtasksperchild
+        self.converter = converter
+        self._stacked, self._padding = _stacking_padding(converter)
+        self._warned_size = False
+
+        ctx = multiprocessing.get_context(start_method)
+        method = ctx.get_start_method()
+        if method != 'fork':
+            _check_picklable(dataset, 'dataset', method)
+            if worker_init_fn is not None:
+                _check_picklable(worker_init_fn, 'worker_init_fn', method)
+        self.start_method = method
+        self._prefetch_depth = n_prefetch
+        self._pool = _Pool(ctx, dataset, n_processes, self._seed,
+                           worker_init_fn, maxtasksperchild, n_prefetch + 2)
+        self._finalizer = weakref.finalize(self, self._pool.close)
+        if shared_mem is not None and not self._stacked:
+            self._pool.use_layout(_layout.list_layout(batch_size, shared_mem))
+        self._dispatch_until(n_prefetch)
+
+    # ---- transport ----------------------------------------------------------
+
+    def _submit(self, step):
+        return self._pool.submit(step, self._seed)
+
+    def _drop_pending(self):
+        if self._pool is not None:
+            self._pool.new_generation()
+        super()._drop_pending()
+
+    def _collect(self, handle):
+        pool = self._pool
+        batch = pool.wait(handle, self.dataset_timeout)
+        if batch.failure is not None:
+            raise batch.failure
+        results = [batch.results[i] for i in range(batch.n_chunks)]
+        for result in results:
+            if result.error is not None:
+                raise _rebuild_error(result.error)
+        metas = [meta for result in results for meta in result.metas]
+        exporter = pool.hand_out(batch)
+        layout = batch.buffers.layout if batch.buffers else None
+        oversize = [meta[1] for meta in metas
+                    if type(meta) is tuple and len(meta) == 2
+                    and meta[0] == 'example' and exporter is not None]
+        if exporter is None:
+            examples = [meta[1] for meta in metas]
+            out = None
+        else:
+            base = numpy.frombuffer(exporter, dtype=numpy.uint8)
+            if layout.mode == 'list':
+                examples = [
+                    meta[1] if _is_example(meta) else
+                    _layout.read_list_example(base, batch.slot.start, meta)
+                    for meta in metas]
+                out = None
+            elif not oversize:
+                examples = None
+                out = _layout.read_stacked(base, layout, len(metas), metas)
+            else:
+                shapes = [None if _is_example(m) else m for m in metas]
+                stacked = _layout.read_stacked(
+                    base, layout, len(metas),
+                    [s for s in shapes if s is not None] or [
+                        tuple(f.capacity for f in layout.fields)])
+                rows = _layout.unstack(stacked, layout, len(metas), [
+                    s or tuple(f.capacity for f in layout.fields)
+                    for s in shapes])
+                examples = [m[1] if _is_example(m) else row
+                            for m, row in zip(metas, rows)]
+                out = None
+        if layout is None or oversize:
+            self._fit_buffers(examples, layout, oversize)
+        if out is not None:
+            return out
+        if self.converter is not None:
+            return self.converter(examples)
+        return examples
+
+    def _fit_buffers(self, examples, layout, oversize):
+        """Size the buffers from a batch that did not (fully) go through
+        them: the first batch, or one with an oversize example."""
+        if self._stacked:
+            capacities = None
+            if layout is not None and layout.mode == 'stacked':
+                capacities = {f.key: tuple(int(numpy.ceil(c * _GROWTH))
+                                           for c in f.capacity)
+                              for f in layout.fields}
+            new = _layout.stacked_layout(examples, self.batch_size,
+                                         self._padding, capacities)
+            if new is None and layout is not None:
+                return   # the batch cannot be stacked; keep the layout
+        else:
+            new = None
+        if new is None:
+            needed = max(_layout.example_array_bytes(e) for e in examples)
+            if needed == 0:
+                return   # no arrays: nothing to put in shared memory
+            if layout is not None and layout.mode == 'list':
+                needed = max(needed, int(layout.example_bytes * _GROWTH))
+            new = _layout.list_layout(self.batch_size, needed)
+        if layout is not None and oversize and not self._warned_size:
+            self._warned_size = True
+            need = max(_layout.example_array_bytes(e) for e in oversize)
+            warnings.warn(
+                'an example with {} bytes of arrays did not fit its shared '
+                'memory ({} bytes per example); it was delivered intact '
+                'through a copy and the buffers were enlarged. Pass '
+                'shared_mem={} (or more) to reserve enough from the '
+                'start'.format(need, layout.slot_bytes // self.batch_size,
+                               new.slot_bytes // self.batch_size),
+                SharedMemoryWarning, stacklevel=4)
+        self._pool.use_layout(new)
+
+    def finalize(self):
+        super().finalize()
+        if self._pool is not None:
+            self._finalizer()
+
+
+def _is_example(meta):
+    return type(meta) is tuple and len(meta) == 2 and \
+        isinstance(meta[0], str) and meta[0] == 'example'
+
+
+def _rebuild_error(remote):
+    cause = RemoteTraceback(remote.traceback)
+    if remote.exception is not None:
+        error = remote.exception
+    else:
+        error = ChainiterError(
+            '{}: {} (raised in a worker while loading dataset[{}]; the '
+            'exception itself could not be pickled)'.format(
+                remote.type_name, remote.message, remote.index))
+    error.__cause__ = cause
+    notes = getattr(error, '__notes__', [])
+    if hasattr(error, 'add_note') and not any(
+            'dataset[{}]'.format(remote.index) in n for n in notes):
+        error.add_note('raised while loading dataset[{}] in a worker '
+                       'process'.format(remote.index))
+    return error

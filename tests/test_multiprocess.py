@@ -1,0 +1,385 @@
+"""MultiprocessIterator: the same batches as SerialIterator, through worker
+processes and shared memory, under every start method."""
+
+import contextlib
+import functools
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import (
+    MultiprocessIterator, MultithreadIterator, SerialIterator,
+    concat_examples)
+
+import helpers
+from helpers import (
+    START_METHODS, AugmentedDataset, Examples, Pids, assert_resume_equivalent,
+    fingerprint, shm_files, wait_processes_gone)
+
+
+@pytest.fixture(params=START_METHODS)
+def method(request):
+    return request.param
+
+
+def same_stream(make_mp, make_ref, steps):
+    with make_mp() as it, make_ref() as ref:
+        for step in range(steps):
+            try:
+                expected = next(ref)
+            except StopIteration:
+                with pytest.raises(StopIteration):
+                    next(it)
+                return
+            got = next(it)
+            assert fingerprint(got) == fingerprint(expected), step
+            assert (it.epoch, it.current_position, it.is_new_epoch) == (
+                ref.epoch, ref.current_position, ref.is_new_epoch)
+            assert it.epoch_detail == ref.epoch_detail
+            assert it.previous_epoch_detail == ref.previous_epoch_detail
+
+
+# (n_processes, n_prefetch, shuffle, repeat, dataset size); batch size 4.
+CONFIGS = [
+    (1, 1, True, True, 12), (2, 3, True, False, 13), (3, 1, False, True, 13),
+    (2, 1, False, False, 12), (3, 3, True, True, 10), (1, 3, False, False, 9),
+]
+
+
+@pytest.mark.parametrize('config', CONFIGS, ids=str)
+def test_same_batches_as_serial(method, config):
+    n_processes, n_prefetch, shuffle, repeat, n = config
+    dataset = Examples(n, 'tuple')
+    same_stream(
+        lambda: MultiprocessIterator(
+            dataset, 4, repeat=repeat, shuffle=shuffle,
+            n_processes=n_processes, n_prefetch=n_prefetch, seed=5,
+            start_method=method),
+        lambda: SerialIterator(dataset, 4, repeat=repeat, shuffle=shuffle,
+                               seed=5),
+        12)
+
+
+@pytest.mark.parametrize('kind', ['tuple', 'dict', 'array', 'plain',
+                                  'varying'])
+def test_example_kinds(method, kind):
+    dataset = Examples(11, kind)
+    with at_most_one_size_warning():
+        same_stream(
+            lambda: MultiprocessIterator(dataset, 3, n_processes=2, seed=1,
+                                         start_method=method),
+            lambda: SerialIterator(dataset, 3, seed=1), 10)
+
+
+@contextlib.contextmanager
+def at_most_one_size_warning():
+    """Examples of varying size may outgrow the buffers measured from the
+    first batch: that is warned about once."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        yield
+    others = [w for w in record
+              if w.category is not chainiter.SharedMemoryWarning]
+    assert not others, [str(w.message) for w in others]
+    assert len(record) <= 1
+
+
+@pytest.mark.parametrize('padding', [None, 0, -1])
+@pytest.mark.parametrize('kind', ['tuple', 'dict', 'array', 'varying'])
+def test_stacked_mode_equals_concat_examples(method, kind, padding):
+    if kind == 'varying' and padding is None:
+        pytest.skip('ragged examples need padding')
+    dataset = Examples(11, kind)
+    converter = concat_examples if padding is None else functools.partial(
+        concat_examples, padding=padding)
+    with MultiprocessIterator(dataset, 3, n_processes=2, seed=1,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 3, seed=1) as ref, \
+            at_most_one_size_warning():
+        for _ in range(10):
+            got = next(it)
+            expected = converter(next(ref))
+            assert_same_arrays(got, expected)
+
+
+def assert_same_arrays(got, expected):
+    if isinstance(expected, tuple):
+        assert isinstance(got, tuple) and len(got) == len(expected)
+        for a, b in zip(got, expected):
+            assert_same_arrays(a, b)
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and got.keys() == expected.keys()
+        for key in expected:
+            assert_same_arrays(got[key], expected[key])
+    else:
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        numpy.testing.assert_array_equal(got, expected)
+
+
+def test_stacked_mode_hands_out_views_of_shared_memory(method):
+    dataset = Examples(12, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=2,
+                              converter=concat_examples,
+                              start_method=method) as it:
+        next(it)                     # the first batch measures the sizes
+        x, label, half = next(it)
+        for array in (x, label, half):
+            assert not array.flags.owndata
+
+
+def test_other_converter_is_applied_in_the_parent(method):
+    def count(batch):
+        return len(batch)
+    with MultiprocessIterator(Examples(10, 'tuple'), 4, n_processes=1,
+                              converter=count, start_method=method) as it:
+        assert [next(it) for _ in range(3)] == [4, 4, 4]
+
+
+@pytest.mark.parametrize('converter', [None, concat_examples],
+                         ids=['list', 'stacked'])
+def test_held_batches_stay_intact(method, converter):
+    dataset = Examples(37, 'tuple')
+    with MultiprocessIterator(dataset, 5, n_processes=2, n_prefetch=2,
+                              seed=3, converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 5, seed=3) as ref:
+        held = [next(it) for _ in range(20)]
+        expected = [next(ref) for _ in range(20)]
+        for _ in range(5):           # keep the workers busy meanwhile
+            next(it)
+    for got, want in zip(held, expected):
+        if converter is None:
+            assert fingerprint(got) == fingerprint(want)
+        else:
+            assert_same_arrays(got, concat_examples(want))
+
+
+def test_resume_equivalence(method):
+    dataset = AugmentedDataset(11)
+
+    def mp(n_processes, seed):
+        return lambda: MultiprocessIterator(
+            dataset, 4, n_processes=n_processes, n_prefetch=2, seed=seed,
+            start_method=method)
+    targets = [lambda: SerialIterator(dataset, 4, seed=2),
+               lambda: MultithreadIterator(dataset, 4, n_threads=2, seed=2),
+               mp(1, 2), mp(3, 2)]
+    assert_resume_equivalent(mp(2, 1), targets, 9)
+
+
+def test_serial_snapshot_resumes_in_multiprocess(method):
+    dataset = AugmentedDataset(11)
+    assert_resume_equivalent(
+        lambda: SerialIterator(dataset, 4, seed=1),
+        [lambda: MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
+                                      start_method=method)], 9)
+
+
+def test_reset_drops_work_in_flight(method):
+    dataset = Examples(10, 'array')
+    with MultiprocessIterator(dataset, 3, n_processes=2, n_prefetch=3,
+                              seed=4, start_method=method) as it:
+        first = [fingerprint(next(it)) for _ in range(4)]
+        it.reset()
+        assert [fingerprint(next(it)) for _ in range(4)] == first
+
+
+def test_worker_init_fn_and_worker_info(method):
+    with MultiprocessIterator(Pids(), 4, n_processes=2, shuffle=False,
+                              worker_init_fn=helpers.mark_worker,
+                              start_method=method) as it:
+        examples = [e for _ in range(3) for e in next(it)]
+    assert [e[0] for e in examples] == list(range(12))
+    pids = {e[1] for e in examples}
+    assert os.getpid() not in pids
+    for _, pid, info, mark in examples:
+        assert info is not None and info.num_workers == 2
+        assert info.id in (0, 1) and mark == info.id
+    assert chainiter.get_worker_info() is None
+
+
+def test_maxtasksperchild_replaces_workers(method):
+    dataset = Pids()
+    with MultiprocessIterator(dataset, 4, n_processes=2, maxtasksperchild=1,
+                              shuffle=False, start_method=method) as it:
+        examples = [e for _ in range(6) for e in next(it)]
+    assert [e[0] for e in examples] == list(range(12)) * 2
+    assert len({e[1] for e in examples}) > 2
+    assert wait_processes_gone({e[1] for e in examples}, timeout=10)
+
+
+def test_dataset_error_is_raised_with_worker_traceback(method):
+    dataset = helpers.Failing(10, bad=5)
+    with MultiprocessIterator(dataset, 3, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        next(it)
+        with pytest.raises(KeyError, match='broken example 5') as info:
+            next(it)
+        assert 'Traceback' in str(info.value.__cause__)
+        assert 'dataset[5]' in ''.join(getattr(info.value, '__notes__', [])) \
+            or sys.version_info < (3, 11)
+        assert it.current_position == 3
+        with pytest.raises(KeyError):
+            next(it)                 # retried, fails again
+
+
+def test_oversize_example_delivered_intact_with_one_warning(method):
+    dataset = helpers.Big(12, sizes=[10, 10, 10, 10, 5000, 10])
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              shared_mem=1024, start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref:
+        with pytest.warns(chainiter.SharedMemoryWarning,
+                          match='shared_mem=') as record:
+            for _ in range(6):
+                assert fingerprint(next(it)) == fingerprint(next(ref))
+    assert len([w for w in record
+                if w.category is chainiter.SharedMemoryWarning]) == 1
+
+
+def test_timeout_warning_when_dataset_stalls(method):
+    dataset = helpers.Stalling(6, slow=4, seconds=1.5)
+    with MultiprocessIterator(dataset, 2, n_processes=1, shuffle=False,
+                              dataset_timeout=0.3,
+                              start_method=method) as it:
+        assert next(it) == [0, 1]
+        with pytest.warns(MultiprocessIterator.TimeoutWarning):
+            assert next(it) == [2, 3]
+            assert next(it) == [4, 5]
+
+
+def test_unpicklable_dataset_fails_before_workers_start(method):
+    if method == 'fork':
+        pytest.skip('fork does not pickle the dataset')
+    dataset = chainiter.datasets.TransformDataset([1, 2], lambda x: x)
+    with pytest.raises(TypeError, match=method + '.*module level.*fork'):
+        MultiprocessIterator(dataset, 1, start_method=method)
+    with pytest.raises(TypeError, match='worker_init_fn'):
+        MultiprocessIterator([1, 2], 1, start_method=method,
+                             worker_init_fn=lambda i: None)
+
+
+@pytest.mark.parametrize('how', ['finalize', 'with', 'gc'])
+def test_no_process_and_no_file_left(method, how):
+    before = shm_files()
+    it = MultiprocessIterator(Pids(), 4, n_processes=2, n_prefetch=2,
+                              start_method=method)
+    pids = {e[1] for _ in range(3) for e in next(it)}
+    if how == 'finalize':
+        it.finalize()
+        it.finalize()
+    elif how == 'with':
+        with it:
+            next(it)
+    else:
+        del it
+        gc.collect()
+    assert wait_processes_gone(pids, timeout=10)
+    assert shm_files() <= before
+
+
+def test_interpreter_exit_without_finalize(method, tmp_path):
+    before = shm_files()
+    script = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, {tests!r})
+        import chainiter, helpers
+        if __name__ == '__main__':
+            it = chainiter.MultiprocessIterator(
+                helpers.Pids(), 4, n_processes=2, n_prefetch=3,
+                start_method={method!r})
+            pids = {{e[1] for e in next(it)}}
+            print(' '.join(map(str, pids)), flush=True)
+    ''').format(tests=os.path.dirname(__file__), method=method)
+    path = tmp_path / 'script.py'
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ''
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids and wait_processes_gone(pids, timeout=10)
+    assert shm_files() <= before
+
+
+SMALL_SHM_SCRIPT = '''
+import sys, warnings
+sys.path.insert(0, {tests!r})
+import numpy, chainiter, helpers
+
+
+def main():
+    dataset = helpers.Big(16, sizes=[{size}])
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        try:
+            it = chainiter.MultiprocessIterator(
+                dataset, 4, n_processes=2, shuffle=False,
+                start_method={method!r}, converter=chainiter.concat_examples)
+            ref = chainiter.SerialIterator(dataset, 4, shuffle=False)
+            for _ in range(6):
+                got, expected = next(it), chainiter.concat_examples(next(ref))
+                assert all(numpy.array_equal(a, b)
+                           for a, b in zip(got, expected))
+            it.finalize()
+            print('OK')
+        except MemoryError as e:
+            print('ERROR', e)
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+@pytest.mark.parametrize('size', [30000, 10 ** 6])
+def test_small_dev_shm(method, size, tmp_path):
+    """/dev/shm of 1 MiB: buffers of ~1 MiB go to the temporary directory
+    with a warning; buffers larger than every place fail clearly."""
+    probe = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size=1M tmpfs /dev/shm'], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip('cannot make a private /dev/shm here: {}'.format(
+            probe.stderr.decode().strip()))
+    script = tmp_path / 'script.py'
+    script.write_text(SMALL_SHM_SCRIPT.format(
+        tests=os.path.dirname(__file__), method=method, size=size))
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    small_tmp = ''
+    if size == 10 ** 6:   # make the temporary directory too small as well
+        small_tmp = 'mount -t tmpfs -o size=1M tmpfs {} && '.format(tmp)
+    out = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size=1M tmpfs /dev/shm && {}TMPDIR={} {} {}'
+         .format(small_tmp, tmp, sys.executable, script)],
+        capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    if size == 30000:
+        assert 'OK' in out.stdout, out.stdout + out.stderr
+        assert 'WARNING SharedMemoryWarning' in out.stdout
+        assert 'bytes' in out.stdout and '/dev/shm' in out.stdout
+    else:
+        assert 'ERROR no room' in out.stdout, out.stdout + out.stderr
+        assert 'free' in out.stdout
+
+
+def test_bad_arguments():
+    for kwargs in ({'n_processes': 0}, {'n_prefetch': 0},
+                   {'shared_mem': -1}, {'maxtasksperchild': 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            MultiprocessIterator([1, 2], 1, **kwargs)
+    with pytest.raises(ValueError, match='batch_size'):
+        MultiprocessIterator([1, 2], 0)
+    with pytest.raises(ValueError, match='empty'):
+        MultiprocessIterator([], 1)
