@@ -383,3 +383,24 @@ def test_bad_arguments():
         MultiprocessIterator([1, 2], 0)
     with pytest.raises(ValueError, match='empty'):
         MultiprocessIterator([], 1)
+
+
+@pytest.mark.parametrize('converter', [None, concat_examples],
+                         ids=['list', 'stacked'])
+def test_slots_are_reused_once_the_user_lets_go(method, converter):
+    def arrays(batch):
+        if converter is None:
+            return [example[0] for example in batch]
+        return list(batch)
+
+    with MultiprocessIterator(Examples(40, 'tuple'), 4, n_processes=2,
+                              converter=converter,
+                              start_method=method) as it:
+        next(it)                       # measures the sizes
+        held = [next(it) for _ in range(8)]   # more than there are slots
+        assert any(a.flags.owndata for b in held for a in arrays(b)), \
+            'with every slot held, batches must come by copy'
+        del held
+        for _ in range(6):
+            batch = next(it)
+            assert not any(a.flags.owndata for a in arrays(batch))

@@ -36,6 +36,11 @@ class ShmRef(typing.NamedTuple):
     dtype: str
 
 
+class Whole(typing.NamedTuple):
+    """An example sent through the pipe: it has no slot or did not fit."""
+    example: object
+
+
 class Field(typing.NamedTuple):
     key: object          # tuple position, dict key, or None for bare examples
     dtype: str
@@ -144,7 +149,8 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
                 'biufc':
             return None
         capacity = array.shape[1:]
-        if capacities is not None and key in capacities:
+        pad = padding[key] if isinstance(padding, (tuple, dict)) else padding
+        if pad is not None and capacities is not None and key in capacities:
             capacity = tuple(max(a, b)
                              for a, b in zip(capacity, capacities[key]))
         row_bytes = int(numpy.prod(capacity, dtype=numpy.int64)) * \

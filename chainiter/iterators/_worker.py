@@ -49,7 +49,7 @@ class Result(typing.NamedTuple):
     seq: int
     chunk: int
     worker: int
-    metas: list             # per example: meta, or ('example', example)
+    metas: list             # per example: its layout metadata, or a Whole
     error: object = None    # a RemoteError when loading failed
 
 
@@ -155,7 +155,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                 else:
                     meta = _layout.write_stacked_example(
                         whole, task.slot_start, layout, row, example)
-            metas.append(('example', example) if meta is None else meta)
+            metas.append(_layout.Whole(example) if meta is None else meta)
         result = Result(task.generation, task.seq, task.chunk, worker_id,
                         metas, error)
         try:

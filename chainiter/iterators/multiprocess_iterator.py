@@ -43,6 +43,7 @@ from chainiter.errors import (
     WorkerRestartWarning)
 from chainiter.iterators import _layout
 from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._layout import Whole
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
 from chainiter.iterators._worker import RemoteTraceback, Task, worker_main
@@ -166,7 +167,14 @@ class _Pool:
             worker.send(('buffers', self._buffers.id, self._buffers.shared,
                          self._buffers.layout))
         self._workers.append(worker)
+        self._wake_receiver()      # so that it watches the new worker
         return worker
+
+    def _wake_receiver(self):
+        try:
+            self._wake_w.send_bytes(b'w')
+        except OSError:
+            pass
 
     def _accepting(self):
         return [w for w in self._workers
@@ -338,13 +346,13 @@ class _Pool:
             self._complete(batch)
 
     def _release_chunk(self, task):
+        """The chunk no longer writes into its slot.  (Slots of replaced
+        buffers are never used again, so only the current ones count.)"""
         buffers = self._buffers
-        if task.slot_start < 0:
-            return
-        for candidate in ([buffers] if buffers else []):
-            if candidate.id == task.buffer_id:
-                candidate.slots[
-                    task.slot_start // candidate.layout.slot_bytes].busy -= 1
+        if task.slot_start >= 0 and buffers is not None and \
+                buffers.id == task.buffer_id:
+            buffers.slots[task.slot_start // buffers.layout.slot_bytes] \
+                .busy -= 1
 
     def _complete(self, batch):
         del self._inflight[batch.seq]
@@ -409,10 +417,7 @@ class _Pool:
             return
         self._closed = True
         self._stop.set()
-        try:
-            self._wake_w.send_bytes(b'x')
-        except OSError:
-            pass
+        self._wake_receiver()
         if threading.current_thread() is not self._thread:
             self._thread.join(_JOIN_TIMEOUT_S * 5)
         workers = list(self._workers)
@@ -566,40 +571,34 @@ class MultiprocessIterator(DatasetIterator):
                 raise _rebuild_error(result.error)
         metas = [meta for result in results for meta in result.metas]
         exporter = pool.hand_out(batch)
-        layout = batch.buffers.layout if batch.buffers else None
-        oversize = [meta[1] for meta in metas
-                    if type(meta) is tuple and len(meta) == 2
-                    and meta[0] == 'example' and exporter is not None]
-        if exporter is None:
-            examples = [meta[1] for meta in metas]
-            out = None
+        if exporter is None:     # the batch came through the pipe
+            examples = [meta.example for meta in metas]
+            if pool.layout is None:
+                self._fit_buffers(examples, None, ())
+            return self._convert(examples)
+        layout = batch.buffers.layout
+        base = numpy.frombuffer(exporter, dtype=numpy.uint8)
+        oversize = [meta.example for meta in metas if type(meta) is Whole]
+        if layout.mode == 'stacked' and not oversize:
+            return _layout.read_stacked(base, layout, len(metas), metas)
+        if layout.mode == 'list':
+            examples = [
+                meta.example if type(meta) is Whole else
+                _layout.read_list_example(base, batch.slot.start, meta)
+                for meta in metas]
         else:
-            base = numpy.frombuffer(exporter, dtype=numpy.uint8)
-            if layout.mode == 'list':
-                examples = [
-                    meta[1] if _is_example(meta) else
-                    _layout.read_list_example(base, batch.slot.start, meta)
-                    for meta in metas]
-                out = None
-            elif not oversize:
-                examples = None
-                out = _layout.read_stacked(base, layout, len(metas), metas)
-            else:
-                shapes = [None if _is_example(m) else m for m in metas]
-                stacked = _layout.read_stacked(
-                    base, layout, len(metas),
-                    [s for s in shapes if s is not None] or [
-                        tuple(f.capacity for f in layout.fields)])
-                rows = _layout.unstack(stacked, layout, len(metas), [
-                    s or tuple(f.capacity for f in layout.fields)
-                    for s in shapes])
-                examples = [m[1] if _is_example(m) else row
-                            for m, row in zip(metas, rows)]
-                out = None
-        if layout is None or oversize:
+            capacity = tuple(f.capacity for f in layout.fields)
+            shapes = [capacity if type(m) is Whole else m for m in metas]
+            rows = _layout.unstack(
+                _layout.read_stacked(base, layout, len(metas), shapes),
+                layout, len(metas), shapes)
+            examples = [m.example if type(m) is Whole else row
+                        for m, row in zip(metas, rows)]
+        if oversize:
             self._fit_buffers(examples, layout, oversize)
-        if out is not None:
-            return out
+        return self._convert(examples)
+
+    def _convert(self, examples):
         if self.converter is not None:
             return self.converter(examples)
         return examples
@@ -643,11 +642,6 @@ class MultiprocessIterator(DatasetIterator):
         super().finalize()
         if self._pool is not None:
             self._finalizer()
-
-
-def _is_example(meta):
-    return type(meta) is tuple and len(meta) == 2 and \
-        isinstance(meta[0], str) and meta[0] == 'example'
 
 
 def _rebuild_error(remote):
