@@ -4,8 +4,8 @@ A worker reads messages from its pipe, in order:
 
 - ``('buffers', SharedBuffer, Layout)``: use these buffers from now on;
 - ``Task``: load the examples, write their arrays into the task's slot, and
-  send back a ``Result`` with the small metadata (or the examples
-  themselves when there is no slot or they do not fit);
+  send back the small metadata of each example (or the example itself
+  when there is no slot or it does not fit), or the exception;
 - ``None``: exit.
 
 It exits by itself when the parent's end of the pipe closes, and (on Linux)
@@ -17,6 +17,7 @@ import ctypes
 import os
 import pickle
 import signal
+import struct
 import sys
 import threading
 import time
@@ -48,7 +49,6 @@ class Result(typing.NamedTuple):
     generation: int
     seq: int
     chunk: int
-    worker: int
     metas: list             # per example: its layout metadata, or a Whole
     error: object = None    # a RemoteError when loading failed
 
@@ -156,30 +156,45 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                     meta = _layout.write_stacked_example(
                         whole, task.slot_start, layout, row, example)
             metas.append(_layout.Whole(example) if meta is None else meta)
-        result = Result(task.generation, task.seq, task.chunk, worker_id,
-                        metas, error)
         try:
-            conn.send(result)
-        except Exception as e:
-            if isinstance(e, (BrokenPipeError, EOFError)):
-                return
-            # The examples (or the exception) cannot be pickled.
-            bad = _first_unpicklable(result, task)
-            conn.send(Result(task.generation, task.seq, task.chunk,
-                             worker_id, [], RemoteError(
-                                 None, type(e).__qualname__,
-                                 'the example of dataset[{}] cannot be sent '
-                                 'from the worker: {}'.format(bad, e),
-                                 traceback.format_exc(), bad)))
+            send_result(conn, task, worker_id, metas, error)
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            return
         done += 1
 
 
-def _first_unpicklable(result, task):
-    for index, meta in zip(task.indices, result.metas):
+_HEADER = struct.Struct('<qqqq')   # generation, seq, chunk, worker
+
+
+def send_result(conn, task, worker_id, metas, error):
+    """Send a result as two messages: a fixed header, so that the parent
+    always knows which chunk it is for, and the pickled payload."""
+    try:
+        payload = pickle.dumps((metas, error), pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        index = _first_unpicklable(metas, task)
+        what = 'example' if error is None else 'exception'
+        payload = pickle.dumps(([], RemoteError(
+            None, type(e).__qualname__,
+            'the {} of dataset[{}] cannot be pickled to send it from the '
+            'worker to the main process: {}: {}'.format(
+                what, index, type(e).__qualname__, e),
+            traceback.format_exc(), index)))
+    conn.send_bytes(_HEADER.pack(task.generation, task.seq, task.chunk,
+                                 worker_id))
+    conn.send_bytes(payload)
+
+
+def receive_result(conn):
+    """``(generation, seq, chunk, worker, payload)`` of the next result."""
+    header = conn.recv_bytes()
+    return _HEADER.unpack(header) + (conn.recv_bytes(),)
+
+
+def _first_unpicklable(metas, task):
+    for index, meta in zip(task.indices, metas):
         try:
             pickle.dumps(meta)
         except Exception:
             return int(index)
-    if result.error is not None:
-        return result.error.index
-    return int(task.indices[0])
+    return int(task.indices[min(len(metas), len(task.indices) - 1)])

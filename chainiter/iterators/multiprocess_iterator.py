@@ -32,6 +32,7 @@ import pickle
 import queue
 import threading
 import time
+import traceback
 import warnings
 import weakref
 
@@ -46,7 +47,8 @@ from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators._layout import Whole
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
-from chainiter.iterators._worker import RemoteTraceback, Task, worker_main
+from chainiter.iterators._worker import (
+    RemoteError, RemoteTraceback, Result, Task, receive_result, worker_main)
 
 _JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
 _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
@@ -325,23 +327,33 @@ class _Pool:
     def _receive(self, worker):
         try:
             while worker.conn.poll():
-                result = worker.conn.recv()
+                message = receive_result(worker.conn)
                 with self._lock:
-                    self._on_result(worker, result)
+                    self._on_result(worker, message)
         except (EOFError, OSError):
             pass   # the worker died; its sentinel tells
 
-    def _on_result(self, worker, result):
-        task = worker.outstanding.pop((result.seq, result.chunk), None)
+    def _on_result(self, worker, message):
+        generation, seq, chunk, _, payload = message
+        task = worker.outstanding.pop((seq, chunk), None)
         if task is None:
             return
         self._release_chunk(task)
-        if result.generation != self._generation:
+        if generation != self._generation:
             return
-        batch = self._inflight.get(result.seq)
+        batch = self._inflight.get(seq)
         if batch is None:
             return
-        batch.results[result.chunk] = result
+        try:
+            metas, error = pickle.loads(payload)
+        except Exception as e:
+            metas, error = [], RemoteError(
+                None, type(e).__qualname__,
+                'the examples of dataset indices {} came back from the '
+                'worker but cannot be unpickled in the main process: {}: '
+                '{}'.format(task.indices.tolist(), type(e).__qualname__, e),
+                traceback.format_exc(), int(task.indices[0]))
+        batch.results[chunk] = Result(generation, seq, chunk, metas, error)
         if len(batch.results) == batch.n_chunks:
             self._complete(batch)
 
@@ -366,7 +378,7 @@ class _Pool:
             # Results it sent before exiting are still in the pipe.
             try:
                 while worker.conn.poll():
-                    self._on_result(worker, worker.conn.recv())
+                    self._on_result(worker, receive_result(worker.conn))
             except (EOFError, OSError):
                 pass
             self._workers.remove(worker)
