@@ -207,3 +207,80 @@ def wait_processes_gone(pids, timeout):
 def shm_files():
     import os
     return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
+
+
+class Unpicklable:
+    """Pickles only by failing."""
+
+    def __reduce__(self):
+        raise TypeError('this object refuses to be pickled')
+
+
+class FailsToUnpickle:
+    """Pickles fine, fails when unpickled."""
+
+    def __reduce__(self):
+        return _refuse_unpickling, ()
+
+
+def _refuse_unpickling():
+    raise ValueError('this object refuses to be unpickled')
+
+
+class UnpicklableError(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.handle = Unpicklable()
+
+
+class Faulty:
+    """Example i is ``numpy.full(3, i)``, except at index ``bad``, where it
+    does ``fault``.  With ``once_file`` the fault happens only the first time
+    (the file marks that it happened, across processes)."""
+
+    def __init__(self, n, bad, fault, once_file=None):
+        self.n, self.bad, self.fault, self.once_file = n, bad, fault, once_file
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+        import signal
+        if i == self.bad:
+            if self.once_file is not None:
+                try:
+                    open(self.once_file, 'x').close()
+                except FileExistsError:
+                    return numpy.full(3, i)
+            if self.fault == 'raise':
+                raise ValueError('bad example {}'.format(i))
+            if self.fault == 'exit':
+                os._exit(7)
+            if self.fault == 'sigkill':
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fault == 'sigsegv':
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.fault == 'unpicklable-example':
+                return numpy.full(3, i), Unpicklable()
+            if self.fault == 'unpicklable-error':
+                raise UnpicklableError('bad example {}'.format(i))
+            if self.fault == 'fails-to-unpickle':
+                return numpy.full(3, i), FailsToUnpickle()
+            if self.fault == 'stuck':
+                import time
+                open(self.once_file + '.stuck', 'w').close()
+                time.sleep(600)   # a storage read that never returns
+            raise ValueError(self.fault)
+        return numpy.full(3, i)
+
+
+def wait_for_file(path, timeout):
+    import os
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.01)
+    return False

@@ -79,16 +79,29 @@ def _watch_parent(parent_pid):
         _set_parent_death_signal()   # the kernel kills us at once
     # Under forkserver the parent is the server, so also check by pid.
     def watch():
-        while True:
+        while _alive(parent_pid):
             time.sleep(_PARENT_CHECK_S)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:
-                pass
+        os._exit(1)
     threading.Thread(target=watch, name='chainiter-parent-watch',
                      daemon=True).start()
+
+
+def _alive(pid):
+    """False once ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        with open('/proc/{}/stat'.format(pid), 'rb') as f:
+            return f.read().rsplit(b')', 1)[1].split()[0] not in (b'Z', b'X')
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _set_parent_death_signal():

@@ -546,6 +546,7 @@ class MultiprocessIterator(DatasetIterator):
         self.converter = converter
         self._stacked, self._padding = _stacking_padding(converter)
         self._warned_size = False
+        self._cannot_grow = False
 
         ctx = multiprocessing.get_context(start_method)
         method = ctx.get_start_method()
@@ -618,6 +619,8 @@ class MultiprocessIterator(DatasetIterator):
     def _fit_buffers(self, examples, layout, oversize):
         """Size the buffers from a batch that did not (fully) go through
         them: the first batch, or one with an oversize example."""
+        if self._cannot_grow:
+            return
         if self._stacked:
             capacities = None
             if layout is not None and layout.mode == 'stacked':
@@ -648,7 +651,17 @@ class MultiprocessIterator(DatasetIterator):
                 'start'.format(need, layout.slot_bytes // self.batch_size,
                                new.slot_bytes // self.batch_size),
                 SharedMemoryWarning, stacklevel=4)
-        self._pool.use_layout(new)
+        if layout is None:
+            self._pool.use_layout(new)   # no room at all: a clear error
+            return
+        try:
+            self._pool.use_layout(new)
+        except MemoryError as e:
+            # The old buffers stay; larger examples keep coming by copy.
+            self._cannot_grow = True
+            warnings.warn('the shared-memory buffers could not be enlarged, '
+                          'so larger examples keep coming by copy: {}'.format(
+                              e), SharedMemoryWarning, stacklevel=4)
 
     def finalize(self):
         super().finalize()

@@ -1,0 +1,269 @@
+"""Fault injection: every fault ends in the right batches or a clear error,
+promptly, with no process and no shared-memory file left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import chainiter
+from chainiter import MultiprocessIterator, SerialIterator
+
+import helpers
+from helpers import (
+    START_METHODS, Faulty, fingerprint, shm_files, wait_for_file,
+    wait_processes_gone)
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(params=START_METHODS)
+def method(request):
+    return request.param
+
+
+def run_two_epochs(dataset, method, **kwargs):
+    """Both epochs from a MultiprocessIterator and from SerialIterator."""
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
+                              start_method=method, **kwargs) as it, \
+            SerialIterator(dataset, 4, seed=3) as ref:
+        n = 2 * len(dataset) // 4
+        return ([fingerprint(next(it)) for _ in range(n)],
+                [fingerprint(next(ref)) for _ in range(n)])
+
+
+@pytest.mark.parametrize('fault,how', [
+    ('exit', 'exit code 7'), ('sigkill', 'signal 9'),
+    ('sigsegv', 'signal 11')])
+def test_dead_worker_is_replaced_and_nothing_is_lost(method, fault, how,
+                                                     tmp_path):
+    dataset = Faulty(20, bad=13, fault=fault,
+                     once_file=str(tmp_path / 'happened'))
+    with pytest.warns(chainiter.WorkerRestartWarning, match=how) as record:
+        got, expected = run_two_epochs(dataset, method)
+    assert got == expected
+    message = str(record[0].message)
+    assert 'pid' in message
+    if fault == 'sigkill':
+        assert 'OOM killer' in message
+
+
+def test_death_is_detected_within_seconds(method, tmp_path):
+    dataset = Faulty(8, bad=5, fault='sigkill',
+                     once_file=str(tmp_path / 'happened'))
+    with MultiprocessIterator(dataset, 4, n_processes=1, shuffle=False,
+                              start_method=method) as it:
+        next(it)
+        start = time.monotonic()
+        with pytest.warns(chainiter.WorkerRestartWarning):
+            batch = next(it)
+        elapsed = time.monotonic() - start
+    assert [int(x[0]) for x in batch] == [4, 5, 6, 7]
+    # Not a speed figure: a dead worker noticed by polling or by a
+    # timeout would take far longer than this bound.
+    assert elapsed < 5, elapsed
+
+
+def test_batch_that_keeps_killing_workers_raises(method):
+    dataset = Faulty(12, bad=6, fault='sigkill')
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        assert [int(x[0]) for x in next(it)] == [0, 1, 2, 3]
+        with pytest.warns(chainiter.WorkerRestartWarning):
+            with pytest.raises(chainiter.WorkerDiedError) as info:
+                next(it)
+        message = str(info.value)
+        assert '6' in message and 'signal 9' in message and 'pid' in message
+        assert (it.epoch, it.current_position) == (0, 4)
+        with pytest.warns(chainiter.WorkerRestartWarning):
+            with pytest.raises(chainiter.WorkerDiedError):
+                next(it)               # still the same batch
+        assert it.current_position == 4
+
+
+def test_exception_in_dataset(method):
+    dataset = Faulty(12, bad=6, fault='raise')
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        next(it)
+        with pytest.raises(ValueError, match='bad example 6') as info:
+            next(it)
+        assert isinstance(info.value.__cause__, Exception)
+        assert 'Faulty' in str(info.value.__cause__) or \
+            '__getitem__' in str(info.value.__cause__)
+        assert it.current_position == 4
+
+
+@pytest.mark.parametrize('fault,message', [
+    ('unpicklable-example', r'example of dataset\[6\] cannot be pickled'),
+    ('unpicklable-error',
+     r'UnpicklableError: bad example 6.*dataset\[6\].*could not be pickled'),
+    ('fails-to-unpickle', r'indices \[.*6.*\].*cannot be unpickled'),
+])
+def test_results_that_cannot_travel(method, fault, message):
+    dataset = Faulty(12, bad=6, fault=fault)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        next(it)
+        with pytest.raises(chainiter.ChainiterError, match=message):
+            next(it)
+        assert it.current_position == 4
+
+
+def test_stuck_worker_does_not_stop_finalize(method, tmp_path):
+    marker = str(tmp_path / 'stuck')
+    dataset = Faulty(8, bad=1, fault='stuck', once_file=marker)
+    others = set(_child_pids())      # e.g. a forkserver from other tests
+    it = MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method)
+    assert wait_for_file(marker + '.stuck', timeout=60)
+    pids = set(_child_pids()) - others
+    start = time.monotonic()
+    it.finalize()
+    assert time.monotonic() - start < 5
+    assert wait_processes_gone(pids, timeout=5)
+
+
+def _child_pids():
+    pids = []
+    for entry in os.listdir('/proc/self/task'):
+        path = '/proc/self/task/{}/children'.format(entry)
+        try:
+            with open(path) as f:
+                pids.extend(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+CHILD = '''
+import sys
+sys.path.insert(0, {tests!r})
+import chainiter, helpers
+
+if __name__ == '__main__':
+    it = chainiter.MultiprocessIterator(
+        helpers.Pids(), 2, n_processes=2, start_method={method!r})
+    pids = set()
+    for _ in range(6):
+        pids |= {{e[1] for e in next(it)}}
+    print(' '.join(map(str, sorted(pids))), flush=True)
+    it = chainiter.MultiprocessIterator(
+        helpers.Stalling(10, slow=3, seconds=600), 2, n_processes=2,
+        shuffle=False, dataset_timeout=None, start_method={method!r})
+    next(it)
+    print('waiting', flush=True)
+    next(it)     # stalls for good
+'''
+
+
+def start_child(method, tmp_path):
+    script = tmp_path / 'child.py'
+    script.write_text(CHILD.format(tests=TESTS_DIR, method=method))
+    child = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert child.stdout.readline().strip() == 'waiting'
+    except BaseException:
+        child.kill()
+        child.communicate()
+        raise
+    return child, pids
+
+
+def test_ctrl_c_interrupts_promptly(method, tmp_path):
+    before = shm_files()
+    child, pids = start_child(method, tmp_path)
+    start = time.monotonic()
+    os.killpg(child.pid, signal.SIGINT)        # as a terminal's Ctrl-C
+    _, stderr = child.communicate(timeout=30)
+    elapsed = time.monotonic() - start
+    assert 'KeyboardInterrupt' in stderr
+    assert stderr.count('Traceback') == 1, stderr   # none from workers
+    assert elapsed < 5, elapsed
+    assert wait_processes_gone(pids, timeout=5)
+    assert shm_files() <= before
+
+
+def test_workers_exit_when_main_process_is_killed(method, tmp_path):
+    before = shm_files()
+    child, pids = start_child(method, tmp_path)
+    worker_pids = [p for p in _children_of(child.pid)]
+    child.kill()
+    child.communicate(timeout=30)
+    assert wait_processes_gone(pids + worker_pids, timeout=5)
+    assert shm_files() <= before
+
+
+def _children_of(pid):
+    out = []
+    for task in os.listdir('/proc/{}/task'.format(pid)):
+        try:
+            with open('/proc/{}/task/{}/children'.format(pid, task)) as f:
+                out.extend(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+FILL_SCRIPT = '''
+import os, sys, warnings
+sys.path.insert(0, {tests!r})
+import numpy, chainiter, helpers
+
+
+def main():
+    # 8 small examples, then large ones: the buffers sized from the first
+    # batch must grow while /dev/shm has been filled by someone else.
+    dataset = helpers.Big(24, sizes=[100] * 8 + [20000] * 16)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        it = chainiter.MultiprocessIterator(
+            dataset, 4, n_processes=2, shuffle=False,
+            start_method={method!r})
+        ref = chainiter.SerialIterator(dataset, 4, shuffle=False)
+        next(it), next(ref)
+        st = os.statvfs('/dev/shm')
+        with open('/dev/shm/filler', 'wb') as f:
+            f.write(b'x' * (st.f_bavail * st.f_frsize))
+        for _ in range(10):
+            assert helpers.fingerprint(next(it)) == \\
+                helpers.fingerprint(next(ref))
+        it.finalize()
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+@pytest.mark.parametrize('tmp_room', ['enough', 'none'])
+def test_dev_shm_filled_while_running(method, tmp_path, tmp_room):
+    probe = subprocess.run(['unshare', '--mount', 'true'],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip('cannot make a private /dev/shm here')
+    script = tmp_path / 'fill.py'
+    script.write_text(FILL_SCRIPT.format(tests=TESTS_DIR, method=method))
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    mount_tmp = '' if tmp_room == 'enough' else \
+        'mount -t tmpfs -o size=64k tmpfs {} && '.format(tmp)
+    out = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size=1M tmpfs /dev/shm && {}TMPDIR={} {} {}'
+         .format(mount_tmp, tmp, sys.executable, script)],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'OK' in out.stdout
+    assert 'WARNING SharedMemoryWarning' in out.stdout, out.stdout
+    assert 'Bus error' not in out.stderr
