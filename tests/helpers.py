@@ -284,3 +284,17 @@ def wait_for_file(path, timeout):
             return True
         time.sleep(0.01)
     return False
+
+
+class IndexAndPid:
+    """Example i is (i, pid of the loading process)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+        return i, os.getpid()

@@ -110,8 +110,13 @@ class _Worker:
         self.sent = 0
 
     def send(self, message):
-        with self.send_lock:
-            self.conn.send(message)
+        """Send, ignoring a worker that has just died: its sentinel tells
+        the receiver thread, which gives its tasks to a new worker."""
+        try:
+            with self.send_lock:
+                self.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            pass
 
 
 class _Pool:
@@ -351,7 +356,8 @@ class _Pool:
                 None, type(e).__qualname__,
                 'the examples of dataset indices {} came back from the '
                 'worker but cannot be unpickled in the main process: {}: '
-                '{}'.format(task.indices.tolist(), type(e).__qualname__, e),
+                '{}'.format(_short_list(task.indices), type(e).__qualname__,
+                            e),
                 traceback.format_exc(), int(task.indices[0]))
         batch.results[chunk] = Result(generation, seq, chunk, metas, error)
         if len(batch.results) == batch.n_chunks:
@@ -401,9 +407,11 @@ class _Pool:
                                len(lost)))))
             for task in lost:
                 self._release_chunk(task)
-                batch = self._inflight.get(task.seq)
-                if task.generation != self._generation or batch is None:
-                    continue
+            current = [task for task in lost
+                       if task.generation == self._generation
+                       and task.seq in self._inflight]
+            for seq in sorted({task.seq for task in current}):
+                batch = self._inflight[seq]
                 batch.deaths += 1
                 if batch.deaths >= _MAX_DEATHS_PER_BATCH:
                     batch.failure = WorkerDiedError(
@@ -411,11 +419,14 @@ class _Pool:
                         'batch of dataset indices {}; the last one (pid {}) '
                         'died with {}. The iterator stays at this '
                         'batch'.format(batch.deaths,
-                                       batch.step.indices.tolist(),
+                                       _short_list(batch.step.indices),
                                        worker.process.pid, how))
                     batch.results = {}
                     self._complete(batch)
-                    continue
+            for task in current:
+                batch = self._inflight.get(task.seq)
+                if batch is None:
+                    continue      # failed above
                 if task.slot_start >= 0 and batch.slot is not None:
                     batch.slot.busy += 1
                 self._assign(task)
@@ -456,6 +467,14 @@ class _Pool:
         self._wake_w.close()
         if self._buffers is not None:
             self._buffers.shared.close()
+
+
+def _short_list(indices, limit=10):
+    indices = [int(i) for i in indices]
+    if len(indices) <= limit:
+        return str(indices)
+    return '[{}, ... ({} in all)]'.format(
+        ', '.join(map(str, indices[:limit])), len(indices))
 
 
 def _check_picklable(obj, what, method):
