@@ -1,0 +1,4 @@
+"""Benchmarks of chainiter's iterators against PyTorch's DataLoader.
+
+Run ``python -m chainiter.bench --help``.
+"""

@@ -1,0 +1,154 @@
+"""``python -m chainiter.bench``: examples/s, time to the first batch and
+peak memory of chainiter's MultiprocessIterator, side by side with a plain
+serial loop and (``--compare torch``) PyTorch's DataLoader.
+
+Every measurement runs in a fresh process; loaders interleave and every
+measurement repeats (the table shows medians), because machines are noisy.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy
+
+from chainiter.bench import workloads
+
+LOADERS = ['chainiter', 'chainiter-list', 'serial']
+
+
+def memcpy_bandwidth(n_bytes=256 * 2 ** 20, repeats=5):
+    """Single-copy bandwidth of this machine in bytes/s (best of a few
+    copies between two preallocated, already touched buffers)."""
+    src = numpy.ones(n_bytes, dtype=numpy.uint8)
+    dst = numpy.zeros_like(src)
+    best = float('inf')
+    for _ in range(repeats):
+        t = time.perf_counter()
+        numpy.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return n_bytes / best
+
+
+def example_bytes(workload):
+    dataset = workload.make()
+    sample = [dataset[i] for i in range(min(len(dataset), 256))]
+
+    def size(x):
+        if isinstance(x, (tuple, list)):
+            return sum(size(v) for v in x)
+        if isinstance(x, dict):
+            return sum(size(v) for v in x.values())
+        return numpy.asarray(x).nbytes
+    return sum(size(e) for e in sample) / len(sample)
+
+
+def run_one(loader, workload, workers, seconds, warmup, batch_size):
+    cmd = [sys.executable, '-m', 'chainiter.bench.runner', loader, workload,
+           str(workers), str(seconds), str(warmup), str(batch_size or 0)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError('{} on {} failed:\n{}'.format(
+            loader, workload, out.stderr[-3000:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog='python -m chainiter.bench', description=__doc__.split('\n\n')[0])
+    parser.add_argument('--workloads', default='images,tiny,cpu,variable',
+                        help='comma-separated built-in workloads')
+    parser.add_argument('--dataset', action='append', default=[],
+                        help='your own workload: module:function returning '
+                             'a dataset (repeatable)')
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='override the batch size')
+    parser.add_argument('--workers', default='2',
+                        help='comma-separated worker counts, e.g. 1,2,4')
+    parser.add_argument('--loaders', default=','.join(LOADERS))
+    parser.add_argument('--compare', choices=['torch'], action='append',
+                        default=[], help='also run this peer')
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--seconds', type=float, default=3.0,
+                        help='measured time per run, after warm-up')
+    parser.add_argument('--warmup', type=float, default=1.0)
+    parser.add_argument('--smoke', action='store_true',
+                        help='a quick check that everything runs (tiny '
+                             'durations, one repeat); its figures mean '
+                             'nothing')
+    args = parser.parse_args(argv)
+
+    if args.smoke:
+        args.repeats, args.seconds, args.warmup = 1, 0.05, 0.0
+    names = [w for w in args.workloads.split(',') if w] + args.dataset
+    loaders = [x for x in args.loaders.split(',') if x] + args.compare
+    worker_counts = [int(w) for w in args.workers.split(',')]
+    if 'torch' in loaders:
+        try:
+            import torch  # NOQA
+        except ImportError:
+            parser.error('--compare torch needs torch: pip install '
+                         'torch==2.13.0')
+
+    bandwidth = memcpy_bandwidth(2 ** 24 if args.smoke else 2 ** 28)
+    print('memcpy bandwidth: {:.1f} GB/s (single copy)'.format(
+        bandwidth / 1e9), file=sys.stderr)
+    runs = [(w, n, loader) for w in names for n in worker_counts
+            for loader in loaders if not (loader == 'serial' and n != 
+                                          worker_counts[0])]
+    results = {}
+    total = len(runs) * args.repeats
+    done = 0
+    for rep in range(args.repeats):
+        for workload, workers, loader in runs:   # interleaved repeats
+            done += 1
+            r = run_one(loader, workload, 0 if loader == 'serial' else
+                        workers, args.seconds, args.warmup, args.batch_size)
+            results.setdefault((workload, workers, loader), []).append(r)
+            print('[{:3d}/{}] {:10s} {:15s} workers={} rep {}: {:>10,.0f} '
+                  'examples/s'.format(done, total, workload, loader, workers,
+                                      rep + 1, r['examples_per_s']),
+                  file=sys.stderr, flush=True)
+    print(format_table(results, names, worker_counts, loaders, bandwidth))
+
+
+def format_table(results, names, worker_counts, loaders, bandwidth):
+    lines = []
+    header = ('workload', 'workers', 'loader', 'examples/s', 'vs torch',
+              'vs serial', '% memcpy', 'first batch s', 'peak PSS MiB')
+    lines.append('| ' + ' | '.join(header) + ' |')
+    lines.append('|' + '|'.join('---' for _ in header) + '|')
+    for workload in names:
+        ceiling = bandwidth / example_bytes(workloads.get(workload))
+        for workers in worker_counts:
+            def median(loader, key):
+                rows = results.get((workload, workers, loader)) or \
+                    results.get((workload, worker_counts[0], loader))
+                if not rows:
+                    return None
+                return statistics.median(r[key] for r in rows)
+            torch_rate = median('torch', 'examples_per_s')
+            serial_rate = median('serial', 'examples_per_s')
+            for loader in loaders:
+                if loader == 'serial' and workers != worker_counts[0]:
+                    continue
+                rate = median(loader, 'examples_per_s')
+                lines.append('| ' + ' | '.join([
+                    workload, str(0 if loader == 'serial' else workers),
+                    loader, '{:,.0f}'.format(rate),
+                    '{:.2f}x'.format(rate / torch_rate) if torch_rate
+                    else '-',
+                    '{:.2f}x'.format(rate / serial_rate) if serial_rate
+                    else '-',
+                    '{:.0f}%'.format(100 * rate / ceiling),
+                    '{:.2f}'.format(median(loader, 'first_batch_s')),
+                    '{:.0f}'.format(median(loader, 'peak_pss_bytes')
+                                    / 2 ** 20)]) + ' |')
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,184 @@
+"""One measurement in a fresh process: ``python -m chainiter.bench.runner
+LOADER WORKLOAD WORKERS SECONDS`` prints one JSON line.
+
+Loaders:
+    chainiter        MultiprocessIterator, workers stack the batch in shared
+                     memory (converter=concat_examples)
+    chainiter-list   MultiprocessIterator's list of examples, then the
+                     user's concat_examples
+    torch            torch.utils.data.DataLoader, persistent workers,
+                     default collate (padding collate for 'variable')
+    serial           a plain loop: index, fetch, numpy stack
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy
+
+from chainiter.bench import workloads
+
+_PAGE = 4096
+_PSS_INTERVAL_S = 0.05
+
+
+def touch(batch):
+    """Read one byte per 4 KiB page of every array of the batch, as a
+    training step would read the data."""
+    if isinstance(batch, (tuple, list)):
+        return sum(touch(x) for x in batch)
+    if isinstance(batch, dict):
+        return sum(touch(x) for x in batch.values())
+    if hasattr(batch, 'numpy') and not isinstance(batch, numpy.ndarray):
+        batch = batch.numpy()
+    array = numpy.asarray(batch)
+    if array.size == 0:
+        return 0
+    flat = array.reshape(-1).view(numpy.uint8) if array.flags.c_contiguous \
+        else numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8)
+    return int(flat[::_PAGE].sum())
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/{}/stat'.format(entry), 'rb') as f:
+                ppid = int(f.read().rsplit(b')', 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _pss_bytes(pid):
+    try:
+        with open('/proc/{}/smaps_rollup'.format(pid)) as f:
+            for line in f:
+                if line.startswith('Pss:'):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class PeakPss:
+    """Samples the PSS summed over this process and its descendants."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(_PSS_INTERVAL_S)
+
+    def sample(self):
+        total = sum(_pss_bytes(p) for p in _descendants(os.getpid()))
+        self.peak = max(self.peak, total)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self.peak
+
+
+def make_loader(name, workload, workers):
+    """``(next_batch, close)`` for a loader on a workload."""
+    dataset = workload.make()
+    batch_size = workload.batch_size
+    if name in ('chainiter', 'chainiter-list'):
+        import chainiter
+        stacked = name == 'chainiter'
+        it = chainiter.MultiprocessIterator(
+            dataset, batch_size, n_processes=workers, seed=0,
+            dataset_timeout=None,
+            converter=workload.converter if stacked else None)
+        if stacked:
+            return it.__next__, it.finalize
+        convert = workload.converter
+        return (lambda: convert(next(it))), it.finalize
+    if name == 'torch':
+        import torch.utils.data
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=workload.torch_collate)
+        state = {'it': iter(loader)}
+
+        def next_batch():
+            try:
+                return next(state['it'])
+            except StopIteration:
+                state['it'] = iter(loader)
+                return next(state['it'])
+        return next_batch, lambda: state.pop('it', None)
+    if name == 'serial':
+        rng = numpy.random.default_rng(0)
+        state = {'order': rng.permutation(len(dataset)), 'pos': 0}
+        convert = workload.converter
+
+        def next_batch():
+            if state['pos'] + batch_size > len(state['order']):
+                state['order'] = rng.permutation(len(dataset))
+                state['pos'] = 0
+            indices = state['order'][state['pos']:state['pos'] + batch_size]
+            state['pos'] += batch_size
+            return convert([dataset[i] for i in indices])
+        return next_batch, lambda: None
+    raise SystemExit('unknown loader {!r}'.format(name))
+
+
+def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
+            batch_size=None):
+    workload = workloads.get(workload_name, batch_size)
+    pss = PeakPss()
+    start = time.perf_counter()
+    next_batch, close = make_loader(loader, workload, workers)
+    touch(next_batch())
+    first = time.perf_counter() - start
+    warm_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < warm_end:
+        touch(next_batch())
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        touch(next_batch())
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds and n >= 3:
+            break
+    rate = n * workload.batch_size / elapsed
+    peak = pss.stop()
+    close()
+    return {'loader': loader, 'workload': workload_name, 'workers': workers,
+            'examples_per_s': rate, 'first_batch_s': first,
+            'peak_pss_bytes': peak, 'batches': n}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    loader, workload_name, workers, seconds = argv[:4]
+    warmup = float(argv[4]) if len(argv) > 4 else 1.0
+    batch_size = int(argv[5]) if len(argv) > 5 and argv[5] != '0' else None
+    result = measure(loader, workload_name, int(workers), float(seconds),
+                     warmup, batch_size)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main()

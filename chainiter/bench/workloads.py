@@ -1,0 +1,129 @@
+"""The built-in workloads: datasets, batch sizes and converters.
+
+Every dataset is defined at module level so that worker processes of any
+start method can load it.
+"""
+
+import functools
+import importlib
+
+import numpy
+
+from chainiter.dataset.convert import concat_examples
+
+
+class Images:
+    """(float32 3x224x224 image, int label); each example is a fresh copy
+    of one of a few preloaded images."""
+
+    def __init__(self, n=50000, n_distinct=8):
+        rng = numpy.random.default_rng(0)
+        self.images = rng.random((n_distinct, 3, 224, 224),
+                                 dtype=numpy.float32)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.images[i % len(self.images)].copy(), i % 1000
+
+
+class Tiny:
+    """(float32 array of 16, int label)."""
+
+    def __init__(self, n=1_000_000):
+        self.data = numpy.random.default_rng(0).random(
+            (n, 16), dtype=numpy.float32)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i], i % 10
+
+
+class Cpu:
+    """About 2 ms of numpy work per example; a float32 64x64 array."""
+
+    ROUNDS = 40
+
+    def __init__(self, n=100000):
+        rng = numpy.random.default_rng(0)
+        self.w = (rng.standard_normal((64, 64)) / 8).astype(numpy.float32)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = numpy.full((64, 64), (i % 97) / 97, dtype=numpy.float32)
+        for _ in range(self.ROUNDS):
+            x = numpy.tanh(x @ self.w + numpy.sin(x))
+        return x
+
+
+class Variable:
+    """int32 sequences of length 10..2000, padded when batched."""
+
+    def __init__(self, n=200000):
+        self.lengths = numpy.random.default_rng(0).integers(10, 2001, n)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return numpy.arange(self.lengths[i], dtype=numpy.int32)
+
+
+def _pad_collate(batch):
+    import torch
+    return torch.nn.utils.rnn.pad_sequence(
+        [torch.from_numpy(x) for x in batch], batch_first=True)
+
+
+class Workload:
+    def __init__(self, name, make, batch_size, converter=concat_examples,
+                 torch_collate=None, description=''):
+        self.name = name
+        self.make = make
+        self.batch_size = batch_size
+        self.converter = converter
+        self.torch_collate = torch_collate
+        self.description = description
+
+
+WORKLOADS = {
+    'images': Workload('images', Images, 64,
+                       description='float32 3x224x224 + label, batch 64'),
+    'tiny': Workload('tiny', Tiny, 256,
+                     description='float32 16 + label, batch 256'),
+    'cpu': Workload('cpu', Cpu, 32,
+                    description='~2 ms numpy per example, batch 32'),
+    'variable': Workload(
+        'variable', Variable, 64,
+        converter=functools.partial(concat_examples, padding=0),
+        torch_collate=_pad_collate,
+        description='int32 length 10..2000, padded, batch 64'),
+}
+
+
+def user_workload(spec, batch_size):
+    """A workload from ``module:function`` returning a dataset."""
+    module_name, _, function_name = spec.partition(':')
+    if not function_name:
+        raise SystemExit('--dataset takes module:function, got {!r}'.format(
+            spec))
+    function = getattr(importlib.import_module(module_name), function_name)
+    return Workload(spec, function, batch_size, description='user dataset')
+
+
+def get(name, batch_size=None):
+    if name in WORKLOADS:
+        workload = WORKLOADS[name]
+        if batch_size:
+            workload = Workload(name, workload.make, batch_size,
+                                workload.converter, workload.torch_collate,
+                                workload.description)
+        return workload
+    return user_workload(name, batch_size or 32)
