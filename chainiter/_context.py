@@ -58,15 +58,33 @@ def set_worker_info(info):
 
 def load_example(dataset, index, seed, epoch, position):
     """``dataset[index]`` with ``example_rng()`` keyed for this example."""
-    _local.key = (seed, int(epoch), int(position))
-    _local.rng = None
+    out = []
+    load_examples(dataset, [index], seed, [epoch], [position], out)
+    return out[0]
+
+
+def load_examples(dataset, indices, seed, epochs, positions, out):
+    """Append ``dataset[i]`` for each index to ``out``, each with
+    ``example_rng()`` keyed for it.  When one raises, ``out`` holds the
+    examples before it (so ``indices[len(out)]`` is the one that failed)."""
+    local = _local
+    if hasattr(indices, 'tolist'):
+        indices, epochs, positions = (
+            indices.tolist(), epochs.tolist(), positions.tolist())
+    append = out.append
     try:
-        return dataset[int(index)]
+        for index, epoch, position in zip(indices, epochs, positions):
+            local.key = (seed, int(epoch), int(position))
+            local.rng = None
+            append(dataset[int(index)])
     except Exception as e:
         if hasattr(e, 'add_note'):  # Python 3.11+
+            k = len(out)
             e.add_note('raised while loading dataset[{}] (epoch {}, position '
-                       '{})'.format(int(index), int(epoch), int(position)))
+                       '{})'.format(int(indices[k]), int(epochs[k]),
+                                    int(positions[k])))
         raise
     finally:
-        _local.key = None
-        _local.rng = None
+        local.key = None
+        local.rng = None
+    return out

@@ -140,9 +140,8 @@ class DatasetIterator(Iterator):
         self._pending.clear()
 
     def _load_batch(self, step):
-        load, dataset, seed = _context.load_example, self.dataset, self._seed
-        return [load(dataset, i, seed, e, p)
-                for i, e, p in zip(step.indices, step.epochs, step.positions)]
+        return _context.load_examples(self.dataset, step.indices, self._seed,
+                                      step.epochs, step.positions, [])
 
     # ---- state -----------------------------------------------------------
 

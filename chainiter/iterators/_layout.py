@@ -169,6 +169,103 @@ def _field_padding(layout, key):
     return padding
 
 
+def padded_fields(layout):
+    """Indices of the fields whose shape may vary (padding given)."""
+    return [i for i, f in enumerate(layout.fields)
+            if f.capacity and _field_padding(layout, f.key) is not None]
+
+
+class Rows(typing.NamedTuple):
+    """A chunk of ``n`` examples all written into their rows; ``shapes``
+    maps each padded field to the examples' shapes in it."""
+    n: int
+    shapes: dict
+
+
+def _columns(layout, examples):
+    """The field values of the examples, field by field, or None when an
+    example does not have the layout's structure."""
+    if layout.structure == 'tuple':
+        width = len(layout.fields)
+        if not all(type(e) is tuple and len(e) == width for e in examples):
+            return None
+        return list(zip(*examples))
+    if layout.structure == 'dict':
+        keys = [f.key for f in layout.fields]
+        if not all(type(e) is dict and len(e) == len(keys) for e in examples):
+            return None
+        try:
+            return [[e[k] for e in examples] for k in keys]
+        except KeyError:
+            return None
+    if any(isinstance(e, (tuple, dict)) for e in examples):
+        return None
+    return [examples]
+
+
+def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
+    """Write a chunk of examples into rows ``start_row...``.
+
+    Returns ``Rows`` when every example fits; otherwise the per-example
+    result of ``write_stacked_example`` (shapes, or None where it does not
+    fit).  The common case is a few numpy calls per field, not per example.
+    """
+    n = len(examples)
+    columns = _columns(layout, examples)
+    if columns is None:
+        return _write_one_by_one(whole, slot_start, layout, start_row,
+                                 examples)
+    padded = set(padded_fields(layout))
+    shapes = {}
+    for i, (field, column) in enumerate(zip(layout.fields, columns)):
+        start = slot_start + field.offset + start_row * field.row_bytes
+        dst = whole[start:start + n * field.row_bytes].view(
+            field.dtype).reshape((n,) + field.capacity)
+        first = column[0]
+        if i not in padded:
+            try:
+                if type(first) is numpy.ndarray:
+                    numpy.stack(column, out=dst, casting='no')
+                else:
+                    values = numpy.asarray(column)
+                    if values.dtype.str != field.dtype or \
+                            values.shape != dst.shape:
+                        raise TypeError(values.dtype)
+                    dst[...] = values
+            except (TypeError, ValueError):
+                return _write_one_by_one(whole, slot_start, layout,
+                                         start_row, examples)
+            continue
+        pad = _field_padding(layout, field.key)
+        capacity = field.capacity
+        field_shapes = []
+        for row, value in enumerate(column):
+            if type(value) is not numpy.ndarray or \
+                    value.dtype.str != field.dtype or \
+                    value.ndim != len(capacity) or any(
+                        a > b for a, b in zip(value.shape, capacity)):
+                return _write_one_by_one(whole, slot_start, layout,
+                                         start_row, examples)
+            target = dst[row]
+            if value.shape == capacity:
+                target[...] = value
+            elif value.ndim == 1:
+                k = len(value)
+                target[:k] = value
+                target[k:] = pad
+            else:
+                target.fill(pad)
+                target[tuple(slice(d) for d in value.shape)] = value
+            field_shapes.append(value.shape)
+        shapes[i] = field_shapes
+    return Rows(n, shapes)
+
+
+def _write_one_by_one(whole, slot_start, layout, start_row, examples):
+    return [write_stacked_example(whole, slot_start, layout, row, example)
+            for row, example in enumerate(examples, start_row)]
+
+
 def _field_value(layout, example, key):
     if layout.structure == 'tuple':
         if not isinstance(example, tuple) or len(example) != len(
@@ -218,18 +315,43 @@ def write_stacked_example(whole, slot_start, layout, row, example):
     return tuple(shapes)
 
 
-def read_stacked(base, layout, n, shapes):
+def example_shapes(layout, metas):
+    """Per example: the tuple of its field shapes, or the ``Whole`` it came
+    as; from the chunks' results (``Rows`` or per-example lists)."""
+    out = []
+    for meta in metas:
+        if type(meta) is not Rows:
+            out.extend(meta)
+            continue
+        for j in range(meta.n):
+            out.append(tuple(
+                meta.shapes[i][j] if i in meta.shapes else field.capacity
+                for i, field in enumerate(layout.fields)))
+    return out
+
+
+def tops_of(layout, metas):
+    """The largest shape of each padded field over chunks of ``Rows``."""
+    tops = {}
+    for meta in metas:
+        for i, shapes in meta.shapes.items():
+            top = tops.get(i)
+            for shape in shapes:
+                top = shape if top is None else tuple(map(max, top, shape))
+            tops[i] = top
+    return tops
+
+
+def read_stacked(base, layout, n, tops):
     """The stacked batch of ``n`` rows as views of ``base`` (the slot's
-    bytes); ``shapes`` holds each example's field shapes."""
+    bytes); ``tops`` gives the batch's largest shape of padded fields."""
     out = []
     for i, field in enumerate(layout.fields):
         rows = base[field.offset:field.offset + field.row_bytes * n].view(
             field.dtype).reshape((n,) + field.capacity)
-        if _field_padding(layout, field.key) is not None and field.capacity:
-            top = tuple(max(s[i][d] for s in shapes)
-                        for d in range(len(field.capacity)))
-            if top != field.capacity:
-                rows = rows[(slice(None),) + tuple(slice(t) for t in top)]
+        top = tops.get(i)
+        if top is not None and top != field.capacity:
+            rows = rows[(slice(None),) + tuple(slice(t) for t in top)]
         out.append(rows)
     if layout.structure == 'tuple':
         return tuple(out)
@@ -238,16 +360,20 @@ def read_stacked(base, layout, n, shapes):
     return out[0]
 
 
-def unstack(batch, layout, n, shapes):
-    """The examples of a stacked batch (views), for the rare batch that has
+def unstack(base, layout, shapes):
+    """The examples of a stacked slot as views, each cut to its own shapes
+    (``shapes[j]`` is a tuple of field shapes), for the rare batch that has
     to be converted in the parent."""
+    n = len(shapes)
+    full = read_stacked(base, layout, n, {})
+    if layout.structure == 'single':
+        full = (full,)
+    elif layout.structure == 'dict':
+        full = tuple(full[f.key] for f in layout.fields)
     examples = []
     for j in range(n):
-        values = []
-        for i, field in enumerate(layout.fields):
-            array = batch[field.key] if layout.structure != 'single' \
-                else batch
-            values.append(array[(j,) + tuple(slice(s) for s in shapes[j][i])])
+        values = [array[(j,) + tuple(slice(d) for d in shape)]
+                  for array, shape in zip(full, shapes[j])]
         if layout.structure == 'tuple':
             examples.append(tuple(values))
         elif layout.structure == 'dict':

@@ -49,7 +49,7 @@ class Result(typing.NamedTuple):
     generation: int
     seq: int
     chunk: int
-    metas: list             # per example: its layout metadata, or a Whole
+    metas: object           # Rows, or per example its metadata or a Whole
     error: object = None    # a RemoteError when loading failed
 
 
@@ -147,28 +147,30 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             shared.close()
             continue
         task = message
-        use_slot = task.slot_start >= 0 and task.buffer_id == buffer_id
-        metas = []
+        examples = []
         error = None
-        for row, (index, epoch, position) in enumerate(
-                zip(task.indices, task.epochs, task.positions),
-                task.start):
-            try:
-                example = _context.load_example(dataset, index, task.seed,
-                                                epoch, position)
-            except Exception as e:
-                error = _remote_error(e, int(index))
-                break
-            meta = None
-            if use_slot:
-                if layout.mode == 'list':
-                    meta = _layout.write_list_example(
-                        whole, task.slot_start + row * layout.example_bytes,
-                        layout, example)
-                else:
-                    meta = _layout.write_stacked_example(
-                        whole, task.slot_start, layout, row, example)
-            metas.append(_layout.Whole(example) if meta is None else meta)
+        try:
+            _context.load_examples(dataset, task.indices, task.seed,
+                                   task.epochs, task.positions, examples)
+        except Exception as e:
+            error = _remote_error(e, int(task.indices[len(examples)]))
+        if error is not None:
+            metas = []
+        elif task.slot_start < 0 or task.buffer_id != buffer_id:
+            metas = [_layout.Whole(example) for example in examples]
+        elif layout.mode == 'stacked':
+            metas = _layout.write_stacked_chunk(
+                whole, task.slot_start, layout, task.start, examples)
+            if type(metas) is not _layout.Rows:
+                metas = [_layout.Whole(e) if m is None else m
+                         for m, e in zip(metas, examples)]
+        else:
+            metas = []
+            for row, example in enumerate(examples, task.start):
+                meta = _layout.write_list_example(
+                    whole, task.slot_start + row * layout.example_bytes,
+                    layout, example)
+                metas.append(_layout.Whole(example) if meta is None else meta)
         try:
             send_result(conn, task, worker_id, metas, error)
         except (BrokenPipeError, EOFError, ConnectionResetError):
@@ -205,6 +207,8 @@ def receive_result(conn):
 
 
 def _first_unpicklable(metas, task):
+    if type(metas) is _layout.Rows:
+        metas = []
     for index, meta in zip(task.indices, metas):
         try:
             pickle.dumps(meta)

@@ -601,31 +601,33 @@ class MultiprocessIterator(DatasetIterator):
         for result in results:
             if result.error is not None:
                 raise _rebuild_error(result.error)
-        metas = [meta for result in results for meta in result.metas]
+        chunks = [result.metas for result in results]
         exporter = pool.hand_out(batch)
         if exporter is None:     # the batch came through the pipe
-            examples = [meta.example for meta in metas]
+            examples = [meta.example for chunk in chunks for meta in chunk]
             if pool.layout is None:
                 self._fit_buffers(examples, None, ())
             return self._convert(examples)
         layout = batch.buffers.layout
         base = numpy.frombuffer(exporter, dtype=numpy.uint8)
-        oversize = [meta.example for meta in metas if type(meta) is Whole]
-        if layout.mode == 'stacked' and not oversize:
-            return _layout.read_stacked(base, layout, len(metas), metas)
-        if layout.mode == 'list':
+        if layout.mode == 'stacked':
+            if all(type(chunk) is _layout.Rows for chunk in chunks):
+                return _layout.read_stacked(
+                    base, layout, sum(chunk.n for chunk in chunks),
+                    _layout.tops_of(layout, chunks))
+            metas = _layout.example_shapes(layout, chunks)
+            capacity = tuple(f.capacity for f in layout.fields)
+            rows = _layout.unstack(base, layout, [
+                capacity if type(m) is Whole else m for m in metas])
+            examples = [m.example if type(m) is Whole else row
+                        for m, row in zip(metas, rows)]
+        else:
+            metas = [meta for chunk in chunks for meta in chunk]
             examples = [
                 meta.example if type(meta) is Whole else
                 _layout.read_list_example(base, batch.slot.start, meta)
                 for meta in metas]
-        else:
-            capacity = tuple(f.capacity for f in layout.fields)
-            shapes = [capacity if type(m) is Whole else m for m in metas]
-            rows = _layout.unstack(
-                _layout.read_stacked(base, layout, len(metas), shapes),
-                layout, len(metas), shapes)
-            examples = [m.example if type(m) is Whole else row
-                        for m, row in zip(metas, rows)]
+        oversize = [m.example for m in metas if type(m) is Whole]
         if oversize:
             self._fit_buffers(examples, layout, oversize)
         return self._convert(examples)
