@@ -224,7 +224,17 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
         first = column[0]
         if i not in padded:
             try:
-                if type(first) is numpy.ndarray:
+                if type(first) is numpy.ndarray and field.capacity:
+                    # concatenate is far cheaper than stack, but it checks
+                    # only the total length: check each shape first.
+                    capacity = field.capacity
+                    if not all(type(v) is numpy.ndarray and v.shape == capacity
+                               for v in column):
+                        raise ValueError(capacity)
+                    numpy.concatenate(
+                        column, out=dst.reshape((-1,) + capacity[1:]),
+                        casting='no')
+                elif type(first) is numpy.ndarray:
                     numpy.stack(column, out=dst, casting='no')
                 else:
                     values = numpy.asarray(column)

@@ -37,9 +37,9 @@ class Task(typing.NamedTuple):
     seq: int
     chunk: int
     start: int              # row of the first example within the batch
-    indices: numpy.ndarray
-    epochs: numpy.ndarray
-    positions: numpy.ndarray
+    indices: list           # plain lists: they pickle far faster than arrays
+    epochs: list
+    positions: list
     slot_start: int         # byte offset of the slot, or -1 for no slot
     buffer_id: int
     seed: int               # keys example_rng()
@@ -182,8 +182,8 @@ _HEADER = struct.Struct('<qqqq')   # generation, seq, chunk, worker
 
 
 def send_result(conn, task, worker_id, metas, error):
-    """Send a result as two messages: a fixed header, so that the parent
-    always knows which chunk it is for, and the pickled payload."""
+    """Send a result as a fixed header, so that the parent always knows
+    which chunk it is for, followed by the pickled payload."""
     try:
         payload = pickle.dumps((metas, error), pickle.HIGHEST_PROTOCOL)
     except Exception as e:
@@ -196,14 +196,14 @@ def send_result(conn, task, worker_id, metas, error):
                 what, index, type(e).__qualname__, e),
             traceback.format_exc(), index)))
     conn.send_bytes(_HEADER.pack(task.generation, task.seq, task.chunk,
-                                 worker_id))
-    conn.send_bytes(payload)
+                                 worker_id) + payload)
 
 
 def receive_result(conn):
     """``(generation, seq, chunk, worker, payload)`` of the next result."""
-    header = conn.recv_bytes()
-    return _HEADER.unpack(header) + (conn.recv_bytes(),)
+    message = conn.recv_bytes()
+    return _HEADER.unpack_from(message) + (
+        memoryview(message)[_HEADER.size:],)
 
 
 def _first_unpicklable(metas, task):

@@ -112,9 +112,15 @@ class _Worker:
     def send(self, message):
         """Send, ignoring a worker that has just died: its sentinel tells
         the receiver thread, which gives its tasks to a new worker."""
+        self._send(self.conn.send, message)
+
+    def send_bytes(self, data):
+        self._send(self.conn.send_bytes, data)
+
+    def _send(self, send, message):
         try:
             with self.send_lock:
-                self.conn.send(message)
+                send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass
 
@@ -194,7 +200,8 @@ class _Pool:
         worker = min(workers, key=lambda w: len(w.outstanding))
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
-        worker.send(task)
+        # Plain pickle: multiprocessing's pickler costs more per message.
+        worker.send_bytes(pickle.dumps(task, pickle.HIGHEST_PROTOCOL))
 
     # ---- the main thread's side -------------------------------------------
 
@@ -204,8 +211,12 @@ class _Pool:
             self._next_seq += 1
             slot, buffers = self._free_slot()
             n = len(step.indices)
-            n_chunks = min(n, 2 * self._n_workers)
-            bounds = numpy.linspace(0, n, n_chunks + 1).astype(int)
+            # One chunk per worker: every message costs, tiny examples too.
+            n_chunks = min(n, self._n_workers)
+            bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
+            indices = step.indices.tolist()
+            epochs = step.epochs.tolist()
+            positions = step.positions.tolist()
             batch = _Batch(self._generation, seq, step, n_chunks, slot,
                            buffers)
             self._inflight[seq] = batch
@@ -214,8 +225,8 @@ class _Pool:
                 slot.owner = (self._generation, seq)
             for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
                 self._assign(Task(
-                    self._generation, seq, chunk, int(a), step.indices[a:b],
-                    step.epochs[a:b], step.positions[a:b],
+                    self._generation, seq, chunk, int(a), indices[a:b],
+                    epochs[a:b], positions[a:b],
                     -1 if slot is None else slot.start,
                     -1 if buffers is None else buffers.id, seed))
             return self._generation, seq
