@@ -30,6 +30,7 @@ import multiprocessing.connection
 import os
 import pickle
 import queue
+import selectors
 import threading
 import time
 import traceback
@@ -314,23 +315,37 @@ class _Pool:
     # ---- the receiver thread ------------------------------------------------
 
     def _receive_loop(self):
+        """Wait on every worker's pipe, every worker's sentinel and the
+        wake-up pipe at once, with one selector kept across iterations."""
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        watched = {}
         try:
             while not self._stop.is_set():
-                workers = list(self._workers)
-                conns = {w.conn: w for w in workers}
-                sentinels = {w.sentinel: w for w in workers}
-                ready = multiprocessing.connection.wait(
-                    list(conns) + list(sentinels) + [self._wake_r],
-                    timeout=_RECEIVER_POLL_S)
+                workers = self._workers
+                if set(watched) != set(workers):
+                    for worker in set(watched) - set(workers):
+                        for obj in watched.pop(worker):
+                            selector.unregister(obj)
+                        worker.conn.close()
+                    for worker in set(workers) - set(watched):
+                        selector.register(worker.conn, selectors.EVENT_READ,
+                                          (worker, False))
+                        selector.register(worker.sentinel,
+                                          selectors.EVENT_READ,
+                                          (worker, True))
+                        watched[worker] = (worker.conn, worker.sentinel)
+                ready = [key.data for key, _ in
+                         selector.select(_RECEIVER_POLL_S)]
                 if self._stop.is_set():
                     return
-                for obj in ready:
-                    if obj in conns:
-                        self._receive(conns[obj])
-                for obj in ready:
-                    if obj in sentinels:
-                        self._worker_exited(sentinels[obj])
-                if self._wake_r in ready:
+                for data in ready:
+                    if data is not None and not data[1]:
+                        self._receive(data[0])
+                for data in ready:
+                    if data is not None and data[1]:
+                        self._worker_exited(data[0])
+                if None in ready:
                     while self._wake_r.poll():
                         self._wake_r.recv_bytes()
         except BaseException as e:   # a bug here must not hang next()
@@ -339,15 +354,18 @@ class _Pool:
                     'the receiver thread of MultiprocessIterator failed: '
                     '{!r}'.format(e)))
             raise
+        finally:
+            selector.close()
 
     def _receive(self, worker):
+        """Read one result (the selector reports the pipe again if there
+        are more)."""
         try:
-            while worker.conn.poll():
-                message = receive_result(worker.conn)
-                with self._lock:
-                    self._on_result(worker, message)
+            message = receive_result(worker.conn)
         except (EOFError, OSError):
-            pass   # the worker died; its sentinel tells
+            return   # the worker died; its sentinel tells
+        with self._lock:
+            self._on_result(worker, message)
 
     def _on_result(self, worker, message):
         generation, seq, chunk, _, payload = message
@@ -398,9 +416,8 @@ class _Pool:
                     self._on_result(worker, receive_result(worker.conn))
             except (EOFError, OSError):
                 pass
-            self._workers.remove(worker)
+            self._workers.remove(worker)   # the receive loop closes conn
             worker.process.join()
-            worker.conn.close()
             lost = list(worker.outstanding.values())
             if not lost and worker.process.exitcode == 0:
                 return          # retired after maxtasksperchild
