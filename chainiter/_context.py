@@ -39,9 +39,11 @@ def example_rng():
             'It works only inside dataset[i] while a chainiter iterator '
             'loads example i; elsewhere create your own '
             'numpy.random.default_rng(seed).')
-    rng = _local.rng
-    if rng is None:
-        rng = _local.rng = example_generator(*key)
+    cached = getattr(_local, 'rng', None)
+    if cached is not None and cached[0] is key:
+        return cached[1]
+    rng = example_generator(*key)
+    _local.rng = (key, rng)
     return rng
 
 
@@ -59,13 +61,15 @@ def set_worker_info(info):
 def load_example(dataset, index, seed, epoch, position):
     """``dataset[index]`` with ``example_rng()`` keyed for this example."""
     out = []
-    load_examples(dataset, [index], seed, [epoch], [position], out)
+    load_examples(dataset, [int(index)], seed, [int(epoch)],
+                  [int(position)], out)
     return out[0]
 
 
 def load_examples(dataset, indices, seed, epochs, positions, out):
     """Append ``dataset[i]`` for each index to ``out``, each with
-    ``example_rng()`` keyed for it.  When one raises, ``out`` holds the
+    ``example_rng()`` keyed for it.  Indices, epochs and positions are
+    int arrays or lists of ints.  When one raises, ``out`` holds the
     examples before it (so ``indices[len(out)]`` is the one that failed)."""
     local = _local
     if hasattr(indices, 'tolist'):
@@ -73,16 +77,16 @@ def load_examples(dataset, indices, seed, epochs, positions, out):
             indices.tolist(), epochs.tolist(), positions.tolist())
     append = out.append
     try:
+        # One key object per example: example_rng() builds its generator
+        # only when called, and knows the key by identity.
         for index, epoch, position in zip(indices, epochs, positions):
-            local.key = (seed, int(epoch), int(position))
-            local.rng = None
-            append(dataset[int(index)])
+            local.key = (seed, epoch, position)
+            append(dataset[index])
     except Exception as e:
         if hasattr(e, 'add_note'):  # Python 3.11+
             k = len(out)
             e.add_note('raised while loading dataset[{}] (epoch {}, position '
-                       '{})'.format(int(indices[k]), int(epochs[k]),
-                                    int(positions[k])))
+                       '{})'.format(indices[k], epochs[k], positions[k]))
         raise
     finally:
         local.key = None

@@ -3,7 +3,8 @@ LOADER WORKLOAD WORKERS SECONDS`` prints one JSON line.
 
 Loaders:
     chainiter        MultiprocessIterator, workers stack the batch in shared
-                     memory (converter=concat_examples)
+                     memory (converter=concat_examples); n_prefetch is
+                     2 x workers, the batches DataLoader keeps in flight
     chainiter-list   MultiprocessIterator's list of examples, then the
                      user's concat_examples
     torch            torch.utils.data.DataLoader, persistent workers,
@@ -104,9 +105,11 @@ def make_loader(name, workload, workers):
     if name in ('chainiter', 'chainiter-list'):
         import chainiter
         stacked = name == 'chainiter'
+        # As many batches in flight as DataLoader's default
+        # (prefetch_factor=2 per worker), so both pipelines are as deep.
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
-            dataset_timeout=None,
+            n_prefetch=2 * workers, dataset_timeout=None,
             converter=workload.converter if stacked else None)
         if stacked:
             return it.__next__, it.finalize

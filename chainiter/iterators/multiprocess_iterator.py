@@ -134,14 +134,16 @@ class _Pool:
     """
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
-                 max_tasks, n_slots):
+                 max_tasks, n_prefetch):
         self._ctx = ctx
         self._dataset = dataset
         self._n_workers = n_workers
         self._seed = seed
         self._worker_init_fn = worker_init_fn
         self._max_tasks = max_tasks
-        self._n_slots = n_slots
+        self._n_prefetch = n_prefetch
+        # In flight, the one the user holds, and one being handed out.
+        self._n_slots = n_prefetch + 2
         self._lock = threading.Lock()
         self._ready = queue.Queue()
         self._reorderer = Reorderer()
@@ -212,8 +214,10 @@ class _Pool:
             self._next_seq += 1
             slot, buffers = self._free_slot()
             n = len(step.indices)
-            # One chunk per worker: every message costs, tiny examples too.
-            n_chunks = min(n, self._n_workers)
+            # Every message costs, tiny examples too: split a batch only as
+            # much as needed to keep every worker busy with the batches in
+            # flight.
+            n_chunks = min(n, -(-self._n_workers // self._n_prefetch))
             bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
             indices = step.indices.tolist()
             epochs = step.epochs.tolist()
@@ -604,7 +608,7 @@ class MultiprocessIterator(DatasetIterator):
         self.start_method = method
         self._prefetch_depth = n_prefetch
         self._pool = _Pool(ctx, dataset, n_processes, self._seed,
-                           worker_init_fn, maxtasksperchild, n_prefetch + 2)
+                           worker_init_fn, maxtasksperchild, n_prefetch)
         self._finalizer = weakref.finalize(self, self._pool.close)
         if shared_mem is not None and not self._stacked:
             self._pool.use_layout(_layout.list_layout(batch_size, shared_mem))
