@@ -5,6 +5,7 @@ from chainiter import datasets  # NOQA
 from chainiter import iterators  # NOQA
 from chainiter import serializers  # NOQA
 from chainiter._context import example_rng, get_worker_info  # NOQA
+from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer  # NOQA
 from chainiter.dataset.convert import (  # NOQA
     Converter, concat_examples, converter, to_device)
 from chainiter.errors import (  # NOQA
@@ -12,7 +13,7 @@ from chainiter.errors import (  # NOQA
     SnapshotMismatchError, TimeoutWarning, WorkerDiedError,
     WorkerRestartWarning)
 from chainiter.iterators import (  # NOQA
-    Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
+    DevicePrefetcher, Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
     SerialIterator,
     ShuffleOrderSampler)
 

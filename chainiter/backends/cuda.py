@@ -5,6 +5,8 @@ code runs; ``available`` tells whether that worked and ``check_available``
 raises the saved import error with the fix.
 """
 
+import numpy
+
 _cupy = None
 _import_error = None
 _tried = False
@@ -71,3 +73,45 @@ def to_gpu(x, device_id):
 
 def to_cpu(x):
     return _cupy.asnumpy(x)
+
+
+# ---- asynchronous host-to-device transfer --------------------------------
+
+def device(device_id):
+    """The cupy ``Device`` context for ``device_id``."""
+    return check_available(device_id).cuda.Device(device_id)
+
+
+def new_stream():
+    return _cupy.cuda.Stream(non_blocking=True)
+
+
+def current_stream():
+    return _cupy.cuda.get_current_stream()
+
+
+def alloc_pinned(nbytes):
+    """A uint8 numpy array of ``nbytes`` in page-locked host memory."""
+    memory = _cupy.cuda.alloc_pinned_memory(nbytes)
+    return numpy.frombuffer(memory, dtype=numpy.uint8, count=nbytes)
+
+
+_registered = {}
+
+
+def register_host(address, nbytes):
+    """Page-lock ``nbytes`` of host memory at ``address`` (once), so that
+    copies from it to a GPU are direct DMA."""
+    if address in _registered:
+        return
+    _cupy.cuda.runtime.hostRegister(address, nbytes, 0)
+    _registered[address] = nbytes
+
+
+def copy_to_device(host, stream):
+    """A new device array holding the C-contiguous ``host`` array, copied
+    on ``stream`` (asynchronously when ``host`` is page-locked)."""
+    with stream:
+        out = _cupy.empty(host.shape, dtype=host.dtype)
+    out.set(host, stream=stream)
+    return out

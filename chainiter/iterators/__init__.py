@@ -7,3 +7,4 @@ from chainiter.iterators.order_samplers import (  # NOQA
 from chainiter.iterators.serial_iterator import SerialIterator  # NOQA
 from chainiter.iterators.multiprocess_iterator import (  # NOQA
     MultiprocessIterator)
+from chainiter.iterators.device_prefetcher import DevicePrefetcher  # NOQA

@@ -1,0 +1,129 @@
+"""DevicePrefetcher: batches arrive on the GPU, ``depth`` batches ahead."""
+
+import collections
+
+from chainiter.backends._device import parse_device
+from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer
+from chainiter.dataset.convert import concat_examples
+from chainiter.iterators._base import Iterator, _is_deserializer
+from chainiter.serializers.npz import DictionarySerializer
+
+_ATTRIBUTES = ('epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
+               'previous_epoch_detail')
+
+
+class DevicePrefetcher(Iterator):
+    """Wraps a chainiter iterator: ``next()`` returns the batch converted
+    and already copied to ``device``, while the copies of the next ``depth``
+    batches run in the background.
+
+    Args:
+        iterator: a SerialIterator, MultithreadIterator or
+            MultiprocessIterator.  With a MultiprocessIterator whose
+            converter is ``concat_examples`` the copy reads its shared memory
+            directly.
+        device: a GPU (int id, ``'@cupy:N'``, cupy ``Device``) or the host
+            (None, -1, ``'@numpy'``).
+        depth (int): batches converted ahead of the one handed out.
+        converter: turns a list of examples into arrays on the host
+            (default ``concat_examples``); not applied to batches the
+            iterator already stacked.
+
+    The epoch attributes and ``serialize()`` are those of the wrapped
+    iterator as of the batch handed out: batches fetched ahead are not
+    counted, so a snapshot resumes exactly.
+    """
+
+    def __init__(self, iterator, device=None, depth=2, converter=None):
+        if isinstance(depth, bool) or not isinstance(depth, int) or \
+                depth < 0:
+            raise ValueError('depth must be an int >= 0, got {!r}'.format(
+                depth))
+        self.iterator = iterator
+        self.device = device
+        self.depth = depth
+        self._device_id = parse_device(device)
+        self.converter = converter or concat_examples
+        self._transfer = None
+        if self._device_id is not None:
+            self._transfer = ConcatWithAsyncTransfer().transfer_for(
+                self._device_id)
+        self._ahead = collections.deque()   # (attributes, state, ticket)
+        self._current = None
+        self._exhausted = False
+
+    # ---- the protocol ----------------------------------------------------
+
+    def __next__(self):
+        self._fill(self.depth + 1)
+        if not self._ahead:
+            raise StopIteration
+        attributes, state, ticket = self._ahead.popleft()
+        self._current = (attributes, state)
+        batch = ticket if self._transfer is None else \
+            self._transfer.hand_out(ticket)
+        self._fill(self.depth)
+        return batch
+
+    def _fill(self, count):
+        while len(self._ahead) < count and not self._exhausted:
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                self._exhausted = True
+                return
+            if getattr(self.iterator, 'converter', None) is None:
+                batch = self.converter(batch)
+            ticket = batch if self._transfer is None else \
+                self._transfer.issue(batch)
+            attributes = {name: getattr(self.iterator, name)
+                          for name in _ATTRIBUTES}
+            self._ahead.append((attributes, self.iterator.state_dict(),
+                                ticket))
+
+    def _drop_ahead(self):
+        self._ahead.clear()
+        self._exhausted = False
+
+    def reset(self):
+        self.iterator.reset()
+        self._drop_ahead()
+        self._current = None
+
+    def finalize(self):
+        self._drop_ahead()
+        self.iterator.finalize()
+
+    def __getattr__(self, name):
+        if name in _ATTRIBUTES:
+            current = self.__dict__.get('_current')
+            if current is None:
+                return getattr(self.iterator, name)
+            return current[0][name]
+        if name.startswith('_'):
+            raise AttributeError(name)
+        return getattr(self.iterator, name)
+
+    # ---- snapshots -------------------------------------------------------
+
+    def state_dict(self):
+        if self._current is None:
+            return self.iterator.state_dict()
+        return dict(self._current[1])
+
+    def load_state_dict(self, state_dict):
+        self.iterator.load_state_dict(state_dict)
+        self._drop_ahead()
+        self._current = None
+
+    def serialize(self, serializer):
+        if _is_deserializer(serializer):
+            self.iterator.serialize(serializer)
+            self._drop_ahead()
+            self._current = None
+            return
+        if self._current is None:
+            self.iterator.serialize(serializer)
+            return
+        for key, value in self._current[1].items():
+            serializer(key, value)

@@ -1,0 +1,215 @@
+"""Device transfer: the host paths everywhere, the GPU paths where cupy and a
+GPU are present (marked ``gpu``; run with ``python -m pytest -m gpu``)."""
+
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import (
+    ConcatWithAsyncTransfer, DevicePrefetcher, MultiprocessIterator,
+    MultithreadIterator, SerialIterator, concat_examples)
+from chainiter.backends import cuda
+
+from helpers import (
+    START_METHODS, AugmentedDataset, Examples, assert_resume_equivalent,
+    fingerprint)
+
+N, BATCH = 11, 4
+
+
+def same(a, b):
+    return fingerprint(a) == fingerprint(b)
+
+
+@pytest.mark.parametrize('depth', [0, 1, 3])
+@pytest.mark.parametrize('device', [None, -1, '@numpy'])
+def test_prefetcher_on_the_host_gives_the_batches_and_attributes(depth,
+                                                                 device):
+    dataset = AugmentedDataset(N)
+    with DevicePrefetcher(SerialIterator(dataset, BATCH, seed=1), device,
+                          depth=depth) as it, \
+            SerialIterator(dataset, BATCH, seed=1) as ref:
+        for _ in range(10):
+            assert same(next(it), concat_examples(next(ref)))
+            for name in ('epoch', 'current_position', 'is_new_epoch',
+                         'epoch_detail', 'previous_epoch_detail'):
+                assert getattr(it, name) == getattr(ref, name), name
+            assert it.batch_size == BATCH
+
+
+def test_prefetcher_no_repeat_ends():
+    with DevicePrefetcher(SerialIterator(list(range(5)), 2, repeat=False,
+                                         shuffle=False), depth=2) as it:
+        batches = [b.tolist() for b in it]
+    assert batches == [[0, 1], [2, 3], [4]]
+
+
+def test_prefetcher_reset():
+    with DevicePrefetcher(SerialIterator(list(range(7)), 2, seed=0)) as it:
+        first = [next(it).tolist() for _ in range(3)]
+        it.reset()
+        assert it.epoch == 0 and it.current_position == 0
+        assert [next(it).tolist() for _ in range(3)] == first
+
+
+@pytest.mark.parametrize('depth', [1, 3])
+def test_prefetcher_snapshot_does_not_count_batches_fetched_ahead(depth):
+    dataset = AugmentedDataset(N)
+    kinds = [
+        lambda: DevicePrefetcher(SerialIterator(dataset, BATCH, seed=5),
+                                 depth=depth),
+        lambda: DevicePrefetcher(
+            MultithreadIterator(dataset, BATCH, n_threads=2, seed=6),
+            depth=1),
+        lambda: DevicePrefetcher(SerialIterator(dataset, BATCH, seed=6),
+                                 depth=0),
+    ]
+    assert_resume_equivalent(kinds[0], kinds, 9)
+
+
+def test_prefetcher_snapshot_loads_into_a_plain_iterator():
+    dataset = list(range(10))
+    with DevicePrefetcher(SerialIterator(dataset, 3, seed=2), depth=3) as it:
+        next(it)
+        state = it.state_dict()
+        expected = [next(it).tolist() for _ in range(3)]
+    with SerialIterator(dataset, 3) as plain:
+        plain.load_state_dict(state)
+        assert [list(map(int, next(plain))) for _ in range(3)] == expected
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_batches_waiting_for_transfer_keep_their_shared_memory(method):
+    """Batches fetched ahead (whose copy to the device would be in flight)
+    view MultiprocessIterator's shared memory: the workers must not refill
+    it until they are handed out and dropped."""
+    dataset = Examples(40, 'tuple')
+    with DevicePrefetcher(MultiprocessIterator(
+            dataset, 4, n_processes=2, seed=3, converter=concat_examples,
+            start_method=method), depth=5) as it, \
+            SerialIterator(dataset, 4, seed=3) as ref:
+        for _ in range(25):
+            assert same(next(it), concat_examples(next(ref)))
+
+
+def test_async_converter_on_the_host_is_concat_examples():
+    converter = ConcatWithAsyncTransfer()
+    batch = [(numpy.arange(i + 1), i) for i in range(3)]
+    for device in (None, -1, '@numpy'):
+        assert same(converter(batch, device, padding=0),
+                    concat_examples(batch, padding=0))
+
+
+def test_gpu_device_without_cupy_says_how_to_fix():
+    if cuda.is_available():
+        pytest.skip('a GPU is present')
+    with pytest.raises(RuntimeError, match=r'chainiter\[cuda\]|no CUDA GPU'):
+        ConcatWithAsyncTransfer()([numpy.arange(3)], 0)
+    with pytest.raises(RuntimeError, match=r'chainiter\[cuda\]|no CUDA GPU'):
+        DevicePrefetcher(SerialIterator([1, 2], 1), device='@cupy:0')
+
+
+def test_bad_depth():
+    with pytest.raises(ValueError, match='depth'):
+        DevicePrefetcher(SerialIterator([1], 1), depth=-1)
+
+
+# ---- on a real GPU --------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def cupy():
+    if not cuda.is_available():
+        pytest.skip('needs cupy and a CUDA GPU')
+    import cupy
+    return cupy
+
+
+def host(x):
+    if isinstance(x, tuple):
+        return tuple(host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: host(v) for k, v in x.items()}
+    return x.get() if hasattr(x, 'get') else x
+
+
+@gpu
+@pytest.mark.parametrize('device', [0, '@cupy:0'])
+def test_gpu_to_device_and_concat(cupy, device):
+    batch = [(numpy.arange(i + 2, dtype=numpy.float32), i) for i in range(5)]
+    out = concat_examples(batch, device=device, padding=-1)
+    assert isinstance(out[0], cupy.ndarray)
+    assert same(host(out), concat_examples(batch, padding=-1))
+    nested = chainiter.to_device(cupy.cuda.Device(0), {'a': [numpy.ones(3)]})
+    assert isinstance(nested['a'][0], cupy.ndarray)
+
+
+@gpu
+def test_gpu_async_converter_values_and_no_corruption(cupy):
+    converter = ConcatWithAsyncTransfer()
+    rng = numpy.random.default_rng(0)
+    for _ in range(50):
+        batch = [(rng.random((3, 64, 64), dtype=numpy.float32),
+                  rng.integers(0, 10, size=rng.integers(1, 9)))
+                 for _ in range(16)]
+        out = converter(batch, 0, padding=0)
+        expected = concat_examples(batch, padding=0)
+        y = out[0] * 2      # compute on the current stream
+        assert same(host(out), expected)
+        numpy.testing.assert_array_equal(y.get(), expected[0] * 2)
+
+
+@gpu
+@pytest.mark.parametrize('method', START_METHODS)
+def test_gpu_prefetcher_from_shared_memory(cupy, method):
+    dataset = Examples(64, 'tuple')
+    with DevicePrefetcher(MultiprocessIterator(
+            dataset, 8, n_processes=2, seed=1, converter=concat_examples,
+            start_method=method), device=0, depth=2) as it, \
+            SerialIterator(dataset, 8, seed=1) as ref:
+        for _ in range(30):
+            out = next(it)
+            assert isinstance(out[0], cupy.ndarray)
+            assert same(host(out), concat_examples(next(ref)))
+
+
+@gpu
+def test_gpu_copy_overlaps_compute(cupy):
+    """The copy of batch k+1 runs on another stream than the compute on
+    batch k, and the two overlap in time (CUDA events)."""
+    big = [numpy.ones((64, 1024, 1024), dtype=numpy.float32)]
+    converter = ConcatWithAsyncTransfer()
+    transfer = converter.transfer_for(0)
+    compute = cupy.cuda.get_current_stream()
+    assert transfer.stream.ptr != compute.ptr
+    x = converter(big, 0)
+    start = compute.record()
+    for _ in range(20):
+        x = cupy.sqrt(x * x + 1)          # long compute on batch k
+    compute_end = compute.record()
+    copy_start = transfer.stream.record()
+    ticket = transfer.issue(concat_examples(big))
+    copy_end = transfer.stream.record()
+    compute_end.synchronize()
+    copy_end.synchronize()
+    # The copy started before the compute ended.
+    assert cupy.cuda.get_elapsed_time(start, copy_start) < \
+        cupy.cuda.get_elapsed_time(start, compute_end)
+    transfer.hand_out(ticket)
+
+
+@gpu
+def test_gpu_memory_does_not_grow(cupy):
+    pool = cupy.get_default_memory_pool()
+    converter = ConcatWithAsyncTransfer()
+    batch = [numpy.ones((1024, 256), dtype=numpy.float32)] * 8
+    for _ in range(20):
+        converter(batch, 0)
+    used = pool.used_bytes()
+    for _ in range(200):
+        converter(batch, 0)
+    cupy.cuda.Device(0).synchronize()
+    assert pool.used_bytes() <= used + 4 * 8 * 1024 * 256 * 4
