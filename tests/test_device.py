@@ -110,6 +110,19 @@ def test_gpu_device_without_cupy_says_how_to_fix():
         DevicePrefetcher(SerialIterator([1, 2], 1), device='@cupy:0')
 
 
+@pytest.mark.parametrize('method', START_METHODS)
+def test_shared_region_finds_the_buffer_of_a_stacked_batch(method):
+    from chainiter.dataset.async_transfer import shared_region
+    with MultiprocessIterator(Examples(12, 'tuple'), 4, n_processes=1,
+                              converter=concat_examples,
+                              start_method=method) as it:
+        next(it)                          # measures the sizes
+        x, _, _ = next(it)
+        address, nbytes = shared_region(x)
+        assert nbytes >= x.nbytes and address > 0
+    assert shared_region(numpy.zeros(3)) is None
+
+
 def test_bad_depth():
     with pytest.raises(ValueError, match='depth'):
         DevicePrefetcher(SerialIterator([1], 1), depth=-1)
@@ -187,16 +200,15 @@ def test_gpu_copy_overlaps_compute(cupy):
     assert transfer.stream.ptr != compute.ptr
     x = converter(big, 0)
     start = compute.record()
-    for _ in range(20):
+    for _ in range(200):
         x = cupy.sqrt(x * x + 1)          # long compute on batch k
     compute_end = compute.record()
-    copy_start = transfer.stream.record()
-    ticket = transfer.issue(concat_examples(big))
+    ticket = transfer.issue(concat_examples(big))   # batch k + 1
     copy_end = transfer.stream.record()
     compute_end.synchronize()
     copy_end.synchronize()
-    # The copy started before the compute ended.
-    assert cupy.cuda.get_elapsed_time(start, copy_start) < \
+    # The copy finished while the compute was still running.
+    assert cupy.cuda.get_elapsed_time(start, copy_end) < \
         cupy.cuda.get_elapsed_time(start, compute_end)
     transfer.hand_out(ticket)
 
