@@ -32,8 +32,9 @@ def _align(n):
 class ShmRef(typing.NamedTuple):
     """An array that was written into shared memory."""
     offset: int
+    nbytes: int
     shape: tuple
-    dtype: str
+    dtype: numpy.dtype
 
 
 class Whole(typing.NamedTuple):
@@ -93,7 +94,7 @@ def write_list_example(whole, start, layout, example):
         n = value.nbytes
         dst = whole[offset:offset + n].view(value.dtype).reshape(value.shape)
         numpy.copyto(dst, value)
-        ref = ShmRef(offset, value.shape, value.dtype.str)
+        ref = ShmRef(offset, n, value.shape, value.dtype)
         offset += _align(n)
         return ref
 
@@ -110,17 +111,101 @@ def read_list_example(base, slot_start, meta):
     def get(value):
         if type(value) is not ShmRef:
             return value
-        dtype = numpy.dtype(value.dtype)
         start = value.offset - slot_start
-        count = int(numpy.prod(value.shape, dtype=numpy.int64))
-        return base[start:start + count * dtype.itemsize].view(
-            dtype).reshape(value.shape)
+        return base[start:start + value.nbytes].view(value.dtype).reshape(
+            value.shape)
 
     if isinstance(meta, tuple) and type(meta) is not ShmRef:
         return tuple(get(value) for value in meta)
     if isinstance(meta, dict):
         return {key: get(value) for key, value in meta.items()}
     return get(meta)
+
+
+class UniformRows(typing.NamedTuple):
+    """A chunk of ``n`` list-layout examples of one structure whose arrays
+    all have the same shapes and dtypes: each array field sits at the same
+    offset of every example's region, so the whole chunk is written with
+    one numpy call per field and read back as row views."""
+    n: int
+    structure: str               # 'tuple', 'dict' or 'single'
+    keys: tuple                  # tuple positions or dict keys, in order
+    arrays: tuple                # (key, offset, nbytes, shape, dtype)
+    others: list                 # per example, the non-array values
+
+
+def _structure(example):
+    if type(example) is tuple:
+        return 'tuple', tuple(range(len(example)))
+    if type(example) is dict:
+        return 'dict', tuple(example)
+    return 'single', (None,)
+
+
+def _get(example, structure, key):
+    return example if structure == 'single' else example[key]
+
+
+def write_list_chunk(whole, start, layout, examples):
+    """Write a chunk of list-layout examples starting at byte ``start``;
+    ``UniformRows``, or None when the examples are not uniform (then write
+    them one by one)."""
+    first = examples[0]
+    structure, keys = _structure(first)
+    arrays = []
+    offset = 0
+    for key in keys:
+        value = _get(first, structure, key)
+        if type(value) is numpy.ndarray and value.dtype.kind != 'O':
+            arrays.append((key, offset, value.nbytes, value.shape,
+                           value.dtype))
+            offset += _align(value.nbytes)
+    if offset > layout.example_bytes:
+        return None
+    array_keys = {a[0] for a in arrays}
+    other_keys = [k for k in keys if k not in array_keys]
+    for example in examples:
+        if _structure(example) != (structure, keys):
+            return None
+    n = len(examples)
+    regions = whole[start:start + n * layout.example_bytes].reshape(
+        n, layout.example_bytes)
+    for key, offset, nbytes, shape, dtype in arrays:
+        column = [_get(e, structure, key) for e in examples]
+        if not all(type(v) is numpy.ndarray and v.shape == shape
+                   for v in column):
+            return None
+        dst = regions[:, offset:offset + nbytes].view(dtype).reshape(
+            (n,) + shape)
+        try:
+            numpy.stack(column, out=dst, casting='no')
+        except (TypeError, ValueError):
+            return None
+    others = [tuple(_get(e, structure, k) for k in other_keys)
+              for e in examples] if other_keys else None
+    return UniformRows(n, structure, keys, tuple(arrays), others)
+
+
+def read_list_chunk(base, start, layout, rows):
+    """The examples of a ``UniformRows`` chunk; its arrays view ``base``
+    (the slot's bytes), from byte ``start`` of the slot."""
+    n = rows.n
+    regions = base[start:start + n * layout.example_bytes].reshape(
+        n, layout.example_bytes)
+    columns = {}
+    for key, offset, nbytes, shape, dtype in rows.arrays:
+        columns[key] = list(regions[:, offset:offset + nbytes].view(
+            dtype).reshape((n,) + shape))
+    if rows.others is not None:
+        other_keys = [k for k in rows.keys if k not in columns]
+        for i, key in enumerate(other_keys):
+            columns[key] = [values[i] for values in rows.others]
+    if rows.structure == 'single':
+        return columns[None]
+    ordered = [columns[key] for key in rows.keys]
+    if rows.structure == 'tuple':
+        return list(zip(*ordered))
+    return [dict(zip(rows.keys, values)) for values in zip(*ordered)]
 
 
 # ---- the stacked layout --------------------------------------------------
@@ -269,6 +354,19 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
             field_shapes.append(value.shape)
         shapes[i] = field_shapes
     return Rows(n, shapes)
+
+
+def row_bytes(layout):
+    """Bytes one example takes in a stacked layout."""
+    return sum(field.row_bytes for field in layout.fields)
+
+
+def as_rows(layout, metas):
+    """``Rows`` for per-example results that all fitted; else ``metas``."""
+    if any(type(m) is Whole for m in metas):
+        return metas
+    padded = padded_fields(layout)
+    return Rows(len(metas), {i: [m[i] for m in metas] for i in padded})
 
 
 def _write_one_by_one(whole, slot_start, layout, start_row, examples):

@@ -147,35 +147,117 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             shared.close()
             continue
         task = message
-        examples = []
+        if task.slot_start < 0 or task.buffer_id != buffer_id:
+            sink = _WholeSink()
+        elif layout.mode == 'list' and \
+                layout.example_bytes >= _STREAM_BYTES:
+            sink = _ListSink(whole, task.slot_start, layout, task.start)
+        elif layout.mode == 'list':
+            sink = _ListChunkSink(whole, task.slot_start, layout, task.start)
+        elif _layout.row_bytes(layout) >= _STREAM_BYTES:
+            sink = _StackedSink(whole, task.slot_start, layout, task.start)
+        else:
+            sink = _StackedChunkSink(whole, task.slot_start, layout,
+                                     task.start)
         error = None
         try:
             _context.load_examples(dataset, task.indices, task.seed,
-                                   task.epochs, task.positions, examples)
+                                   task.epochs, task.positions, sink)
         except Exception as e:
-            error = _remote_error(e, int(task.indices[len(examples)]))
-        if error is not None:
-            metas = []
-        elif task.slot_start < 0 or task.buffer_id != buffer_id:
-            metas = [_layout.Whole(example) for example in examples]
-        elif layout.mode == 'stacked':
-            metas = _layout.write_stacked_chunk(
-                whole, task.slot_start, layout, task.start, examples)
-            if type(metas) is not _layout.Rows:
-                metas = [_layout.Whole(e) if m is None else m
-                         for m, e in zip(metas, examples)]
-        else:
-            metas = []
-            for row, example in enumerate(examples, task.start):
-                meta = _layout.write_list_example(
-                    whole, task.slot_start + row * layout.example_bytes,
-                    layout, example)
-                metas.append(_layout.Whole(example) if meta is None else meta)
+            error = _remote_error(e, int(task.indices[len(sink)]))
+        metas = [] if error is not None else sink.result()
         try:
             send_result(conn, task, worker_id, metas, error)
         except (BrokenPipeError, EOFError, ConnectionResetError):
             return
         done += 1
+
+
+# Examples of at least this many bytes are written into shared memory as
+# soon as each is loaded: its memory is then freed and reused by the next,
+# instead of a whole chunk of fresh allocations that page-fault.  Smaller
+# ones are stacked a chunk at a time, with a few numpy calls per field.
+_STREAM_BYTES = 16384
+
+
+class _WholeSink(list):
+    """No slot: every example goes through the pipe."""
+
+    def result(self):
+        return [_layout.Whole(example) for example in self]
+
+
+class _ListSink:
+    """Writes each example's arrays into its region as it is loaded."""
+
+    def __init__(self, whole, slot_start, layout, row):
+        self.whole, self.slot_start, self.layout = whole, slot_start, layout
+        self.row = row
+        self.metas = []
+
+    def append(self, example):
+        meta = _layout.write_list_example(
+            self.whole, self.slot_start + self.row * self.layout.example_bytes,
+            self.layout, example)
+        self.metas.append(_layout.Whole(example) if meta is None else meta)
+        self.row += 1
+
+    def __len__(self):
+        return len(self.metas)
+
+    def result(self):
+        return self.metas
+
+
+class _ListChunkSink(list):
+    """Collects (small) examples, then writes them a field at a time."""
+
+    def __init__(self, whole, slot_start, layout, row):
+        super().__init__()
+        self.whole, self.slot_start, self.layout = whole, slot_start, layout
+        self.row = row
+
+    def result(self):
+        if not self:
+            return []
+        start = self.slot_start + self.row * self.layout.example_bytes
+        rows = _layout.write_list_chunk(self.whole, start, self.layout, self)
+        if rows is not None:
+            return rows
+        sink = _ListSink(self.whole, self.slot_start, self.layout, self.row)
+        for example in self:
+            sink.append(example)
+        return sink.result()
+
+
+class _StackedSink(_ListSink):
+    """Writes each (large) example into its rows as it is loaded."""
+
+    def append(self, example):
+        meta = _layout.write_stacked_example(
+            self.whole, self.slot_start, self.layout, self.row, example)
+        self.metas.append(_layout.Whole(example) if meta is None else meta)
+        self.row += 1
+
+    def result(self):
+        return _layout.as_rows(self.layout, self.metas)
+
+
+class _StackedChunkSink(list):
+    """Collects (small) examples, then stacks them field by field."""
+
+    def __init__(self, whole, slot_start, layout, row):
+        super().__init__()
+        self.whole, self.slot_start, self.layout = whole, slot_start, layout
+        self.row = row
+
+    def result(self):
+        metas = _layout.write_stacked_chunk(
+            self.whole, self.slot_start, self.layout, self.row, self)
+        if type(metas) is _layout.Rows:
+            return metas
+        return _layout.as_rows(self.layout, [
+            _layout.Whole(e) if m is None else m for m, e in zip(metas, self)])
 
 
 _HEADER = struct.Struct('<qqqq')   # generation, seq, chunk, worker

@@ -34,6 +34,7 @@ import selectors
 import threading
 import time
 import traceback
+import typing
 import warnings
 import weakref
 
@@ -501,6 +502,11 @@ class _Pool:
             self._buffers.shared.close()
 
 
+class _AsIs(typing.NamedTuple):
+    """An example already read back from shared memory."""
+    example: object
+
+
 def _short_list(indices, limit=10):
     indices = [int(i) for i in indices]
     if len(indices) <= limit:
@@ -653,10 +659,24 @@ class MultiprocessIterator(DatasetIterator):
                 capacity if type(m) is Whole else m for m in metas])
             examples = [m.example if type(m) is Whole else row
                         for m, row in zip(metas, rows)]
+        elif all(type(chunk) is _layout.UniformRows for chunk in chunks):
+            examples = []
+            row = 0
+            for chunk in chunks:
+                examples.extend(_layout.read_list_chunk(
+                    base, row * layout.example_bytes, layout, chunk))
+                row += chunk.n
+            return self._convert(examples)
         else:
-            metas = [meta for chunk in chunks for meta in chunk]
+            metas = []
+            for chunk in chunks:
+                if type(chunk) is _layout.UniformRows:
+                    chunk = [_AsIs(e) for e in _layout.read_list_chunk(
+                        base, len(metas) * layout.example_bytes, layout,
+                        chunk)]
+                metas.extend(chunk)
             examples = [
-                meta.example if type(meta) is Whole else
+                meta.example if type(meta) in (Whole, _AsIs) else
                 _layout.read_list_example(base, batch.slot.start, meta)
                 for meta in metas]
         oversize = [m.example for m in metas if type(m) is Whole]
