@@ -183,7 +183,6 @@ class Big:
 
 
 def process_gone(pid):
-    import os
     try:
         with open('/proc/{}/stat'.format(pid)) as f:
             state = f.read().rsplit(')', 1)[1].split()[0]

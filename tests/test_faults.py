@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -13,7 +12,6 @@ import pytest
 import chainiter
 from chainiter import MultiprocessIterator, SerialIterator
 
-import helpers
 from helpers import (
     START_METHODS, Faulty, fingerprint, shm_files, wait_for_file,
     wait_processes_gone)

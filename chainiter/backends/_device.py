@@ -2,8 +2,6 @@
 
 import numpy
 
-from chainiter.backends import cuda
-
 
 def parse_device(device):
     """Return None for the host or the int id of a GPU.

@@ -489,3 +489,42 @@ def unstack(base, layout, shapes):
         else:
             examples.append(values[0])
     return examples
+
+
+# ---- reading a whole batch back ---------------------------------------------
+
+class _AsIs(typing.NamedTuple):
+    """An example already read back from shared memory."""
+    example: object
+
+
+def read_batch(base, slot_start, layout, chunks):
+    """Read a batch from its slot (``base``, which starts at byte
+    ``slot_start`` of the buffer) and the chunks' results.
+
+    Returns ``(stacked, examples, oversize)``: ``stacked`` is the stacked
+    batch when every example went into its rows (stacked layout), else
+    None and ``examples`` lists the examples; ``oversize`` lists those that
+    came whole because they did not fit.
+    """
+    if layout.mode == 'stacked':
+        if all(type(chunk) is Rows for chunk in chunks):
+            return read_stacked(base, layout, sum(c.n for c in chunks),
+                                tops_of(layout, chunks)), None, ()
+        metas = example_shapes(layout, chunks)
+        capacity = tuple(f.capacity for f in layout.fields)
+        rows = unstack(base, layout, [
+            capacity if type(m) is Whole else m for m in metas])
+        examples = [m.example if type(m) is Whole else row
+                    for m, row in zip(metas, rows)]
+    else:
+        metas = []
+        for chunk in chunks:
+            if type(chunk) is UniformRows:
+                chunk = [_AsIs(e) for e in read_list_chunk(
+                    base, len(metas) * layout.example_bytes, layout, chunk)]
+            metas.extend(chunk)
+        examples = [
+            meta.example if type(meta) in (Whole, _AsIs) else
+            read_list_example(base, slot_start, meta) for meta in metas]
+    return None, examples, [m.example for m in metas if type(m) is Whole]

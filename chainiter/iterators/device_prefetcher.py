@@ -6,7 +6,6 @@ from chainiter.backends._device import parse_device
 from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer
 from chainiter.dataset.convert import concat_examples
 from chainiter.iterators._base import Iterator, _is_deserializer
-from chainiter.serializers.npz import DictionarySerializer
 
 _ATTRIBUTES = ('epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
                'previous_epoch_detail')

@@ -34,7 +34,6 @@ import selectors
 import threading
 import time
 import traceback
-import typing
 import warnings
 import weakref
 
@@ -46,7 +45,6 @@ from chainiter.errors import (
     WorkerRestartWarning)
 from chainiter.iterators import _layout
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators._layout import Whole
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
 from chainiter.iterators._worker import (
@@ -502,11 +500,6 @@ class _Pool:
             self._buffers.shared.close()
 
 
-class _AsIs(typing.NamedTuple):
-    """An example already read back from shared memory."""
-    example: object
-
-
 def _short_list(indices, limit=10):
     indices = [int(i) for i in indices]
     if len(indices) <= limit:
@@ -647,39 +640,11 @@ class MultiprocessIterator(DatasetIterator):
                 self._fit_buffers(examples, None, ())
             return self._convert(examples)
         layout = batch.buffers.layout
-        base = numpy.frombuffer(exporter, dtype=numpy.uint8)
-        if layout.mode == 'stacked':
-            if all(type(chunk) is _layout.Rows for chunk in chunks):
-                return _layout.read_stacked(
-                    base, layout, sum(chunk.n for chunk in chunks),
-                    _layout.tops_of(layout, chunks))
-            metas = _layout.example_shapes(layout, chunks)
-            capacity = tuple(f.capacity for f in layout.fields)
-            rows = _layout.unstack(base, layout, [
-                capacity if type(m) is Whole else m for m in metas])
-            examples = [m.example if type(m) is Whole else row
-                        for m, row in zip(metas, rows)]
-        elif all(type(chunk) is _layout.UniformRows for chunk in chunks):
-            examples = []
-            row = 0
-            for chunk in chunks:
-                examples.extend(_layout.read_list_chunk(
-                    base, row * layout.example_bytes, layout, chunk))
-                row += chunk.n
-            return self._convert(examples)
-        else:
-            metas = []
-            for chunk in chunks:
-                if type(chunk) is _layout.UniformRows:
-                    chunk = [_AsIs(e) for e in _layout.read_list_chunk(
-                        base, len(metas) * layout.example_bytes, layout,
-                        chunk)]
-                metas.extend(chunk)
-            examples = [
-                meta.example if type(meta) in (Whole, _AsIs) else
-                _layout.read_list_example(base, batch.slot.start, meta)
-                for meta in metas]
-        oversize = [m.example for m in metas if type(m) is Whole]
+        stacked, examples, oversize = _layout.read_batch(
+            numpy.frombuffer(exporter, dtype=numpy.uint8), batch.slot.start,
+            layout, chunks)
+        if stacked is not None:
+            return stacked
         if oversize:
             self._fit_buffers(examples, layout, oversize)
         return self._convert(examples)
