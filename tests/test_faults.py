@@ -127,15 +127,7 @@ def test_stuck_worker_does_not_stop_finalize(method, tmp_path):
 
 
 def _child_pids():
-    pids = []
-    for entry in os.listdir('/proc/self/task'):
-        path = '/proc/self/task/{}/children'.format(entry)
-        try:
-            with open(path) as f:
-                pids.extend(int(p) for p in f.read().split())
-        except OSError:
-            pass
-    return pids
+    return _children_of(os.getpid())
 
 
 CHILD = '''

@@ -291,15 +291,14 @@ def _columns(layout, examples):
 def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
     """Write a chunk of examples into rows ``start_row...``.
 
-    Returns ``Rows`` when every example fits; otherwise the per-example
-    result of ``write_stacked_example`` (shapes, or None where it does not
-    fit).  The common case is a few numpy calls per field, not per example.
+    Returns ``Rows``, or None when an example does not fit (then write
+    them one by one).  It costs a few numpy calls per field, not per
+    example.
     """
     n = len(examples)
     columns = _columns(layout, examples)
     if columns is None:
-        return _write_one_by_one(whole, slot_start, layout, start_row,
-                                 examples)
+        return None
     padded = set(padded_fields(layout))
     shapes = {}
     for i, (field, column) in enumerate(zip(layout.fields, columns)):
@@ -328,8 +327,7 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                         raise TypeError(values.dtype)
                     dst[...] = values
             except (TypeError, ValueError):
-                return _write_one_by_one(whole, slot_start, layout,
-                                         start_row, examples)
+                return None
             continue
         pad = _field_padding(layout, field.key)
         capacity = field.capacity
@@ -339,8 +337,7 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                     value.dtype.str != field.dtype or \
                     value.ndim != len(capacity) or any(
                         a > b for a, b in zip(value.shape, capacity)):
-                return _write_one_by_one(whole, slot_start, layout,
-                                         start_row, examples)
+                return None
             target = dst[row]
             if value.shape == capacity:
                 target[...] = value
@@ -367,11 +364,6 @@ def as_rows(layout, metas):
         return metas
     padded = padded_fields(layout)
     return Rows(len(metas), {i: [m[i] for m in metas] for i in padded})
-
-
-def _write_one_by_one(whole, slot_start, layout, start_row, examples):
-    return [write_stacked_example(whole, slot_start, layout, row, example)
-            for row, example in enumerate(examples, start_row)]
 
 
 def _field_value(layout, example, key):

@@ -187,8 +187,8 @@ class _WholeSink(list):
         return [_layout.Whole(example) for example in self]
 
 
-class _ListSink:
-    """Writes each example's arrays into its region as it is loaded."""
+class _EachSink:
+    """Writes each example into the slot as soon as it is loaded."""
 
     def __init__(self, whole, slot_start, layout, row):
         self.whole, self.slot_start, self.layout = whole, slot_start, layout
@@ -196,68 +196,67 @@ class _ListSink:
         self.metas = []
 
     def append(self, example):
-        meta = _layout.write_list_example(
-            self.whole, self.slot_start + self.row * self.layout.example_bytes,
-            self.layout, example)
+        meta = self.write(example)
         self.metas.append(_layout.Whole(example) if meta is None else meta)
         self.row += 1
 
     def __len__(self):
         return len(self.metas)
 
+
+class _ListSink(_EachSink):
+
+    def write(self, example):
+        return _layout.write_list_example(
+            self.whole, self.slot_start + self.row * self.layout.example_bytes,
+            self.layout, example)
+
     def result(self):
         return self.metas
 
 
-class _ListChunkSink(list):
-    """Collects (small) examples, then writes them a field at a time."""
+class _StackedSink(_EachSink):
+
+    def write(self, example):
+        return _layout.write_stacked_example(
+            self.whole, self.slot_start, self.layout, self.row, example)
+
+    def result(self):
+        return _layout.as_rows(self.layout, self.metas)
+
+
+class _ChunkSink(list):
+    """Collects the (small) examples of a task, then writes them all with a
+    few numpy calls per field."""
 
     def __init__(self, whole, slot_start, layout, row):
         super().__init__()
         self.whole, self.slot_start, self.layout = whole, slot_start, layout
         self.row = row
+
+    def _one_by_one(self, sink_type):
+        sink = sink_type(self.whole, self.slot_start, self.layout, self.row)
+        for example in self:
+            sink.append(example)
+        return sink.result()
+
+
+class _ListChunkSink(_ChunkSink):
 
     def result(self):
         if not self:
             return []
         start = self.slot_start + self.row * self.layout.example_bytes
         rows = _layout.write_list_chunk(self.whole, start, self.layout, self)
-        if rows is not None:
-            return rows
-        sink = _ListSink(self.whole, self.slot_start, self.layout, self.row)
-        for example in self:
-            sink.append(example)
-        return sink.result()
+        return self._one_by_one(_ListSink) if rows is None else rows
 
 
-class _StackedSink(_ListSink):
-    """Writes each (large) example into its rows as it is loaded."""
-
-    def append(self, example):
-        meta = _layout.write_stacked_example(
-            self.whole, self.slot_start, self.layout, self.row, example)
-        self.metas.append(_layout.Whole(example) if meta is None else meta)
-        self.row += 1
+class _StackedChunkSink(_ChunkSink):
 
     def result(self):
-        return _layout.as_rows(self.layout, self.metas)
-
-
-class _StackedChunkSink(list):
-    """Collects (small) examples, then stacks them field by field."""
-
-    def __init__(self, whole, slot_start, layout, row):
-        super().__init__()
-        self.whole, self.slot_start, self.layout = whole, slot_start, layout
-        self.row = row
-
-    def result(self):
-        metas = _layout.write_stacked_chunk(
+        rows = _layout.write_stacked_chunk(
             self.whole, self.slot_start, self.layout, self.row, self)
-        if type(metas) is _layout.Rows:
-            return metas
-        return _layout.as_rows(self.layout, [
-            _layout.Whole(e) if m is None else m for m, e in zip(metas, self)])
+        return self._one_by_one(_StackedSink) if rows is None else rows
 
 
 _HEADER = struct.Struct('<qqqq')   # generation, seq, chunk, worker
