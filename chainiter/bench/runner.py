@@ -38,9 +38,12 @@ def touch(batch):
     array = numpy.asarray(batch)
     if array.size == 0:
         return 0
-    flat = array.reshape(-1).view(numpy.uint8) if array.flags.c_contiguous \
-        else numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8)
-    return int(flat[::_PAGE].sum())
+    if array.flags.c_contiguous:
+        return int(array.reshape(-1).view(numpy.uint8)[::_PAGE].sum())
+    if array.ndim and array.strides[-1] == array.itemsize:
+        # A view of padded rows: read each row's pages where they lie.
+        return int(array.view(numpy.uint8)[..., ::_PAGE].sum())
+    return touch(numpy.ascontiguousarray(array))
 
 
 def _descendants(pid):

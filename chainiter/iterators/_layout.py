@@ -261,10 +261,11 @@ def padded_fields(layout):
 
 
 class Rows(typing.NamedTuple):
-    """A chunk of ``n`` examples all written into their rows; ``shapes``
-    maps each padded field to the examples' shapes in it."""
+    """A chunk of ``n`` examples all written into their rows; ``tops``
+    maps each padded field to the largest shape in the chunk (the rest of
+    each row holds the padding value up to that shape)."""
     n: int
-    shapes: dict
+    tops: dict
 
 
 def _columns(layout, examples):
@@ -300,7 +301,7 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
     if columns is None:
         return None
     padded = set(padded_fields(layout))
-    shapes = {}
+    tops = {}
     for i, (field, column) in enumerate(zip(layout.fields, columns)):
         start = slot_start + field.offset + start_row * field.row_bytes
         dst = whole[start:start + n * field.row_bytes].view(
@@ -331,26 +332,37 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
             continue
         pad = _field_padding(layout, field.key)
         capacity = field.capacity
-        field_shapes = []
+        dtype = dst.dtype
+        if len(capacity) == 1:     # the common ragged case: sequences
+            top, bottom = 0, capacity[0]
+            for value in column:
+                if type(value) is not numpy.ndarray or \
+                        value.dtype != dtype or value.ndim != 1:
+                    return None
+                top = max(top, value.shape[0])
+                bottom = min(bottom, value.shape[0])
+            if top > capacity[0]:
+                return None
+            if bottom < capacity[0]:
+                # The whole row: another chunk may make the batch longer.
+                dst.fill(pad)
+            for row, value in enumerate(column):
+                dst[row, :value.shape[0]] = value
+            tops[i] = (top,)
+            continue
+        top = None
         for row, value in enumerate(column):
-            if type(value) is not numpy.ndarray or \
-                    value.dtype.str != field.dtype or \
+            if type(value) is not numpy.ndarray or value.dtype != dtype or \
                     value.ndim != len(capacity) or any(
                         a > b for a, b in zip(value.shape, capacity)):
                 return None
             target = dst[row]
-            if value.shape == capacity:
-                target[...] = value
-            elif value.ndim == 1:
-                k = len(value)
-                target[:k] = value
-                target[k:] = pad
-            else:
-                target.fill(pad)
-                target[tuple(slice(d) for d in value.shape)] = value
-            field_shapes.append(value.shape)
-        shapes[i] = field_shapes
-    return Rows(n, shapes)
+            target.fill(pad)
+            target[tuple(slice(d) for d in value.shape)] = value
+            top = value.shape if top is None else tuple(
+                map(max, top, value.shape))
+        tops[i] = top
+    return Rows(n, tops)
 
 
 def row_bytes(layout):
@@ -362,8 +374,19 @@ def as_rows(layout, metas):
     """``Rows`` for per-example results that all fitted; else ``metas``."""
     if any(type(m) is Whole for m in metas):
         return metas
-    padded = padded_fields(layout)
-    return Rows(len(metas), {i: [m[i] for m in metas] for i in padded})
+    return Rows(len(metas), _tops(padded_fields(layout),
+                                  [[m[i] for m in metas] for i in
+                                   padded_fields(layout)]))
+
+
+def _tops(indices, shape_lists):
+    tops = {}
+    for i, shapes in zip(indices, shape_lists):
+        top = None
+        for shape in shapes:
+            top = shape if top is None else tuple(map(max, top, shape))
+        tops[i] = top
+    return tops
 
 
 def _field_value(layout, example, key):
@@ -417,29 +440,25 @@ def write_stacked_example(whole, slot_start, layout, row, example):
 
 def example_shapes(layout, metas):
     """Per example: the tuple of its field shapes, or the ``Whole`` it came
-    as; from the chunks' results (``Rows`` or per-example lists)."""
+    as; from the chunks' results (``Rows`` or per-example lists).  For an
+    example of ``Rows`` a padded field's shape is the chunk's largest: cut
+    there, its row still holds the example followed by padding, which
+    ``concat_examples`` with that padding turns into the same batch."""
     out = []
     for meta in metas:
         if type(meta) is not Rows:
             out.extend(meta)
             continue
-        for j in range(meta.n):
-            out.append(tuple(
-                meta.shapes[i][j] if i in meta.shapes else field.capacity
-                for i, field in enumerate(layout.fields)))
+        shapes = tuple(meta.tops.get(i) or field.capacity
+                       for i, field in enumerate(layout.fields))
+        out.extend([shapes] * meta.n)
     return out
 
 
 def tops_of(layout, metas):
     """The largest shape of each padded field over chunks of ``Rows``."""
-    tops = {}
-    for meta in metas:
-        for i, shapes in meta.shapes.items():
-            top = tops.get(i)
-            for shape in shapes:
-                top = shape if top is None else tuple(map(max, top, shape))
-            tops[i] = top
-    return tops
+    return _tops(padded_fields(layout),
+                 [[m.tops[i] for m in metas] for i in padded_fields(layout)])
 
 
 def read_stacked(base, layout, n, tops):

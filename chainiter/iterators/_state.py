@@ -98,13 +98,17 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         parts.append((epoch, i, i_end, order))
 
     indices = numpy.concatenate([
-        numpy.arange(a, b, dtype=numpy.intp) if o is None else
-        numpy.asarray(o[a:b], dtype=numpy.intp)
+        numpy.arange(a, b, dtype=numpy.intp) if o is None else o[a:b]
         for _, a, b, o in parts])
-    epochs = numpy.concatenate([
-        numpy.full(b - a, e, dtype=numpy.int64) for e, a, b, _ in parts])
-    positions = numpy.concatenate([
-        numpy.arange(a, b, dtype=numpy.int64) for _, a, b, _ in parts])
+    if len(parts) == 1:     # the common case: one epoch
+        e, a, b, _ = parts[0]
+        epochs = numpy.full(b - a, e, dtype=numpy.int64)
+        positions = numpy.arange(a, b, dtype=numpy.int64)
+    else:
+        epochs = numpy.concatenate([
+            numpy.full(b - a, e, dtype=numpy.int64) for e, a, b, _ in parts])
+        positions = numpy.concatenate([
+            numpy.arange(a, b, dtype=numpy.int64) for _, a, b, _ in parts])
     new_state = IteratorState(
         i_end, epoch, is_new_epoch, order, previous, sampler_state)
     return new_state, Step(indices, epochs, positions)

@@ -273,6 +273,8 @@ class _Pool:
                 return batch
 
     def _raise_events(self):
+        if not self._events:
+            return
         with self._lock:
             events, self._events = self._events, []
         for category, message in events:
