@@ -2,7 +2,8 @@
 
 A worker reads messages from its pipe, in order:
 
-- ``('buffers', SharedBuffer, Layout)``: use these buffers from now on;
+- ``('layout', buffer_id, Layout)``: the slots of this layout follow;
+- ``('slot', buffer_id, index, SharedBuffer)``: a slot to write into;
 - ``Task``: load the examples, write their arrays into the task's slot, and
   send back the small metadata of each example (or the example itself
   when there is no slot or it does not fit), or the exception;
@@ -40,7 +41,7 @@ class Task(typing.NamedTuple):
     indices: list           # plain lists: they pickle far faster than arrays
     epochs: list
     positions: list
-    slot_start: int         # byte offset of the slot, or -1 for no slot
+    slot: int               # index of the slot to write into, or -1
     buffer_id: int
     seed: int               # keys example_rng()
 
@@ -131,8 +132,9 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                                                  seed + worker_id))
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
-    whole = layout = None
+    layout = None
     buffer_id = -1
+    slots = {}
     done = 0
     while max_tasks is None or done < max_tasks:
         try:
@@ -141,24 +143,30 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             return
         if message is None:
             return
-        if message[0] == 'buffers':
-            _, buffer_id, shared, layout = message
-            whole = numpy.frombuffer(shared.buffer, dtype=numpy.uint8)
+        if message[0] == 'layout':
+            _, buffer_id, layout = message
+            slots = {}
+            continue
+        if message[0] == 'slot':
+            _, owner, index, shared = message
+            if owner == buffer_id:
+                slots[index] = numpy.frombuffer(shared.buffer,
+                                                dtype=numpy.uint8)
             shared.close()
             continue
         task = message
-        if task.slot_start < 0 or task.buffer_id != buffer_id:
+        whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
+        if whole is None:
             sink = _WholeSink()
         elif layout.mode == 'list' and \
                 layout.example_bytes >= _STREAM_BYTES:
-            sink = _ListSink(whole, task.slot_start, layout, task.start)
+            sink = _ListSink(whole, 0, layout, task.start)
         elif layout.mode == 'list':
-            sink = _ListChunkSink(whole, task.slot_start, layout, task.start)
+            sink = _ListChunkSink(whole, 0, layout, task.start)
         elif _layout.row_bytes(layout) >= _STREAM_BYTES:
-            sink = _StackedSink(whole, task.slot_start, layout, task.start)
+            sink = _StackedSink(whole, 0, layout, task.start)
         else:
-            sink = _StackedChunkSink(whole, task.slot_start, layout,
-                                     task.start)
+            sink = _StackedChunkSink(whole, 0, layout, task.start)
         error = None
         try:
             _context.load_examples(dataset, task.indices, task.seed,

@@ -69,21 +69,32 @@ def _stacking_padding(converter):
 
 
 class _Slot:
-    __slots__ = ('start', 'busy', 'owner', 'exporter')
+    __slots__ = ('index', 'shared', 'busy', 'owner', 'exporter')
 
-    def __init__(self, start):
-        self.start = start
+    def __init__(self, index):
+        self.index = index
+        self.shared = None     # its SharedBuffer, once it is first needed
         self.busy = 0          # chunks that may still write into it
         self.owner = None      # (generation, seq) of the batch it is for
         self.exporter = None   # weak reference to the hand-out's exporter
 
 
 class _Buffers:
+    """The slots of one layout.  A slot's memory is allocated when a batch
+    first needs it, so memory follows what the loop really holds."""
+
     def __init__(self, buffer_id, layout, n_slots):
         self.id = buffer_id
         self.layout = layout
-        self.shared = SharedBuffer.allocate(layout.slot_bytes * n_slots)
-        self.slots = [_Slot(i * layout.slot_bytes) for i in range(n_slots)]
+        self.slots = [_Slot(i) for i in range(n_slots)]
+        self.cannot_allocate = False
+
+    def allocated(self):
+        return [slot for slot in self.slots if slot.shared is not None]
+
+    def close(self):
+        for slot in self.allocated():
+            slot.shared.close()
 
 
 class _Batch:
@@ -133,7 +144,7 @@ class _Pool:
     """
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
-                 max_tasks, n_prefetch):
+                 max_tasks, n_prefetch, layout=None):
         self._ctx = ctx
         self._dataset = dataset
         self._n_workers = n_workers
@@ -157,6 +168,8 @@ class _Pool:
         self._stop = threading.Event()
         self._wake_r, self._wake_w = multiprocessing.connection.Pipe(
             duplex=False)
+        if layout is not None:      # before any worker starts
+            self.use_layout(layout)
         for _ in range(n_workers):
             self._start_worker()
         self._thread = threading.Thread(
@@ -178,9 +191,11 @@ class _Pool:
         process.start()
         child_conn.close()
         worker = _Worker(worker_id, process, parent_conn)
-        if self._buffers is not None:
-            worker.send(('buffers', self._buffers.id, self._buffers.shared,
-                         self._buffers.layout))
+        buffers = self._buffers
+        if buffers is not None:
+            worker.send(('layout', buffers.id, buffers.layout))
+            for slot in buffers.allocated():
+                worker.send(('slot', buffers.id, slot.index, slot.shared))
         self._workers.append(worker)
         self._wake_receiver()      # so that it watches the new worker
         return worker
@@ -231,7 +246,7 @@ class _Pool:
                 self._assign(Task(
                     self._generation, seq, chunk, int(a), indices[a:b],
                     epochs[a:b], positions[a:b],
-                    -1 if slot is None else slot.start,
+                    -1 if slot is None else slot.index,
                     -1 if buffers is None else buffers.id, seed))
             return self._generation, seq
 
@@ -239,12 +254,29 @@ class _Pool:
         buffers = self._buffers
         if buffers is None:
             return None, None
-        for slot in buffers.slots:
+        for slot in buffers.allocated():
             if slot.busy == 0 and (
                     slot.owner is None or slot.owner[0] != self._generation) \
                     and (slot.exporter is None or slot.exporter() is None):
                 return slot, buffers
+        for slot in buffers.slots:
+            if slot.shared is None and not buffers.cannot_allocate:
+                try:
+                    self._allocate(buffers, slot)
+                except MemoryError as e:
+                    buffers.cannot_allocate = True
+                    self._events.append((SharedMemoryWarning, (
+                        'no room for one more shared-memory slot, so '
+                        'batches that find no free slot come by copy: '
+                        '{}'.format(e))))
+                    return None, None
+                return slot, buffers
         return None, None
+
+    def _allocate(self, buffers, slot):
+        slot.shared = SharedBuffer.allocate(buffers.layout.slot_bytes)
+        for worker in self._workers:
+            worker.send(('slot', buffers.id, slot.index, slot.shared))
 
     def wait(self, handle, timeout):
         """The finished ``_Batch`` of ``handle``; warns every ``timeout``
@@ -287,7 +319,7 @@ class _Pool:
         if slot is None:
             return None
         exporter = (ctypes.c_char * batch.buffers.layout.slot_bytes) \
-            .from_buffer(batch.buffers.shared.buffer, slot.start)
+            .from_buffer(slot.shared.buffer)
         with self._lock:
             slot.exporter = weakref.ref(exporter)
             slot.owner = None
@@ -301,16 +333,19 @@ class _Pool:
             self._reorderer.reset(self._next_seq)
 
     def use_layout(self, layout):
-        """Allocate buffers for ``layout`` and hand them to the workers."""
+        """Switch to buffers for ``layout`` (its first slot is allocated at
+        once, so that no room at all is a clear error now)."""
         with self._lock:
             old = self._buffers
-            buffer_id = 0 if old is None else old.id + 1
-            self._buffers = _Buffers(buffer_id, layout, self._n_slots)
+            new = _Buffers(0 if old is None else old.id + 1, layout,
+                           self._n_slots)
+            new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
+            self._buffers = new
             for worker in self._workers:
-                worker.send(('buffers', buffer_id, self._buffers.shared,
-                             layout))
+                worker.send(('layout', new.id, layout))
+                worker.send(('slot', new.id, 0, new.slots[0].shared))
             if old is not None:
-                old.shared.close()
+                old.close()
 
     @property
     def layout(self):
@@ -401,10 +436,9 @@ class _Pool:
         """The chunk no longer writes into its slot.  (Slots of replaced
         buffers are never used again, so only the current ones count.)"""
         buffers = self._buffers
-        if task.slot_start >= 0 and buffers is not None and \
+        if task.slot >= 0 and buffers is not None and \
                 buffers.id == task.buffer_id:
-            buffers.slots[task.slot_start // buffers.layout.slot_bytes] \
-                .busy -= 1
+            buffers.slots[task.slot].busy -= 1
 
     def _complete(self, batch):
         del self._inflight[batch.seq]
@@ -460,7 +494,7 @@ class _Pool:
                 batch = self._inflight.get(task.seq)
                 if batch is None:
                     continue      # failed above
-                if task.slot_start >= 0 and batch.slot is not None:
+                if task.slot >= 0 and batch.slot is not None:
                     batch.slot.busy += 1
                 self._assign(task)
             while len(self._accepting()) < self._n_workers:
@@ -499,7 +533,7 @@ class _Pool:
         self._wake_r.close()
         self._wake_w.close()
         if self._buffers is not None:
-            self._buffers.shared.close()
+            self._buffers.close()
 
 
 def _short_list(indices, limit=10):
@@ -608,11 +642,13 @@ class MultiprocessIterator(DatasetIterator):
                 _check_picklable(worker_init_fn, 'worker_init_fn', method)
         self.start_method = method
         self._prefetch_depth = n_prefetch
-        self._pool = _Pool(ctx, dataset, n_processes, self._seed,
-                           worker_init_fn, maxtasksperchild, n_prefetch)
-        self._finalizer = weakref.finalize(self, self._pool.close)
+        layout = None
         if shared_mem is not None and not self._stacked:
-            self._pool.use_layout(_layout.list_layout(batch_size, shared_mem))
+            layout = _layout.list_layout(batch_size, shared_mem)
+        self._pool = _Pool(ctx, dataset, n_processes, self._seed,
+                           worker_init_fn, maxtasksperchild, n_prefetch,
+                           layout)
+        self._finalizer = weakref.finalize(self, self._pool.close)
         self._dispatch_until(n_prefetch)
 
     # ---- transport ----------------------------------------------------------
@@ -643,8 +679,7 @@ class MultiprocessIterator(DatasetIterator):
             return self._convert(examples)
         layout = batch.buffers.layout
         stacked, examples, oversize = _layout.read_batch(
-            numpy.frombuffer(exporter, dtype=numpy.uint8), batch.slot.start,
-            layout, chunks)
+            numpy.frombuffer(exporter, dtype=numpy.uint8), 0, layout, chunks)
         if stacked is not None:
             return stacked
         if oversize:
