@@ -124,13 +124,15 @@ def read_list_example(base, slot_start, meta):
 
 class UniformRows(typing.NamedTuple):
     """A chunk of ``n`` list-layout examples of one structure whose arrays
-    all have the same shapes and dtypes: each array field sits at the same
-    offset of every example's region, so the whole chunk is written with
-    one numpy call per field and read back as row views."""
+    keep their dtype and number of dimensions.  Fields of one shape sit at
+    the same offset of every example's region and are written with one
+    numpy call each and read back as row views; fields whose shape varies
+    follow them, at offsets listed per example."""
     n: int
     structure: str               # 'tuple', 'dict' or 'single'
     keys: tuple                  # tuple positions or dict keys, in order
     arrays: tuple                # (key, offset, nbytes, shape, dtype)
+    ragged: tuple                # (key, dtype, [(offset, nbytes, shape)])
     others: list                 # per example, the non-array values
 
 
@@ -148,42 +150,60 @@ def _get(example, structure, key):
 
 def write_list_chunk(whole, start, layout, examples):
     """Write a chunk of list-layout examples starting at byte ``start``;
-    ``UniformRows``, or None when the examples are not uniform (then write
-    them one by one)."""
+    ``UniformRows``, or None when they differ in structure, dtypes or
+    dimensions or one does not fit (then write them one by one)."""
     first = examples[0]
     structure, keys = _structure(first)
-    arrays = []
-    offset = 0
-    for key in keys:
-        value = _get(first, structure, key)
-        if type(value) is numpy.ndarray and value.dtype.kind != 'O':
-            arrays.append((key, offset, value.nbytes, value.shape,
-                           value.dtype))
-            offset += _align(value.nbytes)
-    if offset > layout.example_bytes:
-        return None
-    array_keys = {a[0] for a in arrays}
-    other_keys = [k for k in keys if k not in array_keys]
     for example in examples:
         if _structure(example) != (structure, keys):
             return None
     n = len(examples)
+    fixed, varying = [], []
+    for key in keys:
+        value = _get(first, structure, key)
+        if type(value) is not numpy.ndarray or value.dtype.kind == 'O':
+            continue
+        column = [_get(e, structure, key) for e in examples]
+        dtype, ndim, shape = value.dtype, value.ndim, value.shape
+        if not all(type(v) is numpy.ndarray and v.dtype == dtype and
+                   v.ndim == ndim for v in column):
+            return None
+        same = all(v.shape == shape for v in column)
+        (fixed if same else varying).append((key, column))
     regions = whole[start:start + n * layout.example_bytes].reshape(
         n, layout.example_bytes)
-    for key, offset, nbytes, shape, dtype in arrays:
-        column = [_get(e, structure, key) for e in examples]
-        if not all(type(v) is numpy.ndarray and v.shape == shape
-                   for v in column):
-            return None
+    arrays = []
+    offset = 0
+    for key, column in fixed:
+        value = column[0]
+        arrays.append((key, offset, value.nbytes, value.shape, value.dtype))
+        offset += _align(value.nbytes)
+    ends = [offset] * n
+    ragged = []
+    for key, column in varying:
+        places = []
+        for row, value in enumerate(column):
+            places.append((ends[row], value.nbytes, value.shape))
+            ends[row] += _align(value.nbytes)
+        ragged.append((key, column[0].dtype, places))
+    if max(ends) > layout.example_bytes:
+        return None
+    for (key, column), (_, offset, nbytes, shape, dtype) in zip(fixed,
+                                                                 arrays):
         dst = regions[:, offset:offset + nbytes].view(dtype).reshape(
             (n,) + shape)
-        try:
-            numpy.stack(column, out=dst, casting='no')
-        except (TypeError, ValueError):
-            return None
+        numpy.stack(column, out=dst)
+    for (key, column), (_, dtype, places) in zip(varying, ragged):
+        for row, (value, (offset, nbytes, shape)) in enumerate(
+                zip(column, places)):
+            regions[row, offset:offset + nbytes].view(dtype).reshape(
+                shape)[...] = value
+    array_keys = {key for key, _ in fixed + varying}
+    other_keys = [k for k in keys if k not in array_keys]
     others = [tuple(_get(e, structure, k) for k in other_keys)
               for e in examples] if other_keys else None
-    return UniformRows(n, structure, keys, tuple(arrays), others)
+    return UniformRows(n, structure, keys, tuple(arrays), tuple(ragged),
+                       others)
 
 
 def read_list_chunk(base, start, layout, rows):
@@ -196,6 +216,10 @@ def read_list_chunk(base, start, layout, rows):
     for key, offset, nbytes, shape, dtype in rows.arrays:
         columns[key] = list(regions[:, offset:offset + nbytes].view(
             dtype).reshape((n,) + shape))
+    for key, dtype, places in rows.ragged:
+        columns[key] = [
+            regions[row, offset:offset + nbytes].view(dtype).reshape(shape)
+            for row, (offset, nbytes, shape) in enumerate(places)]
     if rows.others is not None:
         other_keys = [k for k in rows.keys if k not in columns]
         for i, key in enumerate(other_keys):
