@@ -90,8 +90,9 @@ START_METHODS = ['fork', 'forkserver', 'spawn']
 
 
 class Examples:
-    """Examples of one kind: 'tuple', 'dict', 'array', 'plain' (no arrays)
-    or 'varying' (arrays of varying shapes)."""
+    """Examples of one kind: 'tuple', 'dict', 'array', 'plain' (no arrays),
+    'varying' (arrays of varying shapes) or 'mixed' (a dict of a fixed and
+    a ragged array, an int and a str)."""
 
     def __init__(self, n, kind):
         self.n = n
@@ -110,6 +111,9 @@ class Examples:
             return x
         if self.kind == 'plain':
             return ('example', i, [i] * (i % 3))
+        if self.kind == 'mixed':    # fixed and ragged arrays, non-arrays
+            return {'x': x, 'seq': numpy.arange(i % 5, dtype=numpy.int16),
+                    'label': i, 'name': 'n{}'.format(i)}
         if self.kind == 'varying':
             return (numpy.full(1 + (i * 7) % 11, i, dtype=numpy.int64),
                     numpy.ones((1 + i % 3, 2), dtype=numpy.float32) * i)

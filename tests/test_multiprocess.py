@@ -69,7 +69,7 @@ def test_same_batches_as_serial(method, config):
 
 
 @pytest.mark.parametrize('kind', ['tuple', 'dict', 'array', 'plain',
-                                  'varying'])
+                                  'varying', 'mixed'])
 def test_example_kinds(method, kind):
     dataset = Examples(11, kind)
     with at_most_one_size_warning():
