@@ -38,7 +38,7 @@ def run_two_epochs(dataset, method, **kwargs):
     ('exit', 'exit code 7'), ('sigkill', 'signal 9'),
     ('sigsegv', 'signal 11')])
 def test_dead_worker_is_replaced_and_nothing_is_lost(method, fault, how,
-                                                     tmp_path):
+                                                     tmp_path, capfd):
     dataset = Faulty(20, bad=13, fault=fault,
                      once_file=str(tmp_path / 'happened'))
     with pytest.warns(chainiter.WorkerRestartWarning, match=how) as record:
@@ -48,6 +48,7 @@ def test_dead_worker_is_replaced_and_nothing_is_lost(method, fault, how,
     assert 'pid' in message
     if fault == 'sigkill':
         assert 'OOM killer' in message
+    assert 'Traceback' not in capfd.readouterr().err
 
 
 def test_death_is_detected_within_seconds(method, tmp_path):

@@ -9,9 +9,10 @@ killed.  Two things differ from a ``RawArray``:
 - the blocks are reserved with ``posix_fallocate`` when the buffer is made,
   so a full ``/dev/shm`` is an error (or a fallback with a warning) at
   allocation, never a Bus error when a page is first written;
-- it pickles as a duplicated file descriptor at any time, not only while a
-  process is being started, so buffers sized from the first batch can be
-  handed to workers that are already running.
+- its file descriptor can be passed to a worker at any time (over the
+  worker's pipe, ``multiprocessing.reduction.send_handle``), not only while
+  the worker starts, so buffers sized from the first batch can be handed to
+  workers that are already running.
 """
 
 import errno
@@ -19,8 +20,6 @@ import mmap
 import os
 import tempfile
 import warnings
-
-from multiprocessing import reduction
 
 from chainiter.errors import SharedMemoryWarning
 
@@ -56,8 +55,8 @@ class SharedBuffer:
     """``size`` bytes of memory shared with worker processes.
 
     ``buffer`` is the writable ``mmap``.  Created in the parent with
-    ``SharedBuffer.allocate(size)``; unpickled in a worker it maps the same
-    memory.
+    ``SharedBuffer.allocate(size)``; a worker that receives the descriptor
+    maps the same memory with ``SharedBuffer(size, fd)``.
     """
 
     def __init__(self, size, fd):
@@ -106,12 +105,3 @@ class SharedBuffer:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __reduce__(self):
-        if self.fd < 0:
-            raise ValueError('this SharedBuffer was closed')
-        return _rebuild, (self.size, reduction.DupFd(self.fd))
-
-
-def _rebuild(size, dupfd):
-    return SharedBuffer(size, dupfd.detach())

@@ -3,7 +3,8 @@
 A worker reads messages from its pipe, in order:
 
 - ``('layout', buffer_id, Layout)``: the slots of this layout follow;
-- ``('slot', buffer_id, index, SharedBuffer)``: a slot to write into;
+- ``('slot', buffer_id, index, size)`` followed by the slot's file
+  descriptor: a slot to write into;
 - ``Task``: load the examples, write their arrays into the task's slot, and
   send back the small metadata of each example (or the example itself
   when there is no slot or it does not fit), or the exception;
@@ -24,11 +25,13 @@ import threading
 import time
 import traceback
 import typing
+from multiprocessing import reduction
 
 import numpy
 
 from chainiter import _context
 from chainiter.iterators import _layout
+from chainiter.iterators._shm import SharedBuffer
 
 _PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
 
@@ -148,11 +151,12 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             slots = {}
             continue
         if message[0] == 'slot':
-            _, owner, index, shared = message
+            _, owner, index, size = message
+            shared = SharedBuffer(size, reduction.recv_handle(conn))
             if owner == buffer_id:
                 slots[index] = numpy.frombuffer(shared.buffer,
                                                 dtype=numpy.uint8)
-            shared.close()
+            shared.close()     # the mapping stays while the array lives
             continue
         task = message
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None

@@ -27,6 +27,7 @@ import ctypes
 import functools
 import multiprocessing
 import multiprocessing.connection
+from multiprocessing import reduction
 import os
 import pickle
 import queue
@@ -128,12 +129,21 @@ class _Worker:
     def send_bytes(self, data):
         self._send(self.conn.send_bytes, data)
 
+    def send_slot(self, buffer_id, slot):
+        """Hand a slot's memory to the worker: a message, then the file
+        descriptor itself over the same socket."""
+        def send(message):
+            self.conn.send(message)
+            reduction.send_handle(self.conn, slot.shared.fd,
+                                  self.process.pid)
+        self._send(send, ('slot', buffer_id, slot.index, slot.shared.size))
+
     def _send(self, send, message):
         try:
             with self.send_lock:
                 send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            pass
+            pass   # the worker is dead or dying
 
 
 class _Pool:
@@ -195,7 +205,7 @@ class _Pool:
         if buffers is not None:
             worker.send(('layout', buffers.id, buffers.layout))
             for slot in buffers.allocated():
-                worker.send(('slot', buffers.id, slot.index, slot.shared))
+                worker.send_slot(buffers.id, slot)
         self._workers.append(worker)
         self._wake_receiver()      # so that it watches the new worker
         return worker
@@ -276,7 +286,7 @@ class _Pool:
     def _allocate(self, buffers, slot):
         slot.shared = SharedBuffer.allocate(buffers.layout.slot_bytes)
         for worker in self._workers:
-            worker.send(('slot', buffers.id, slot.index, slot.shared))
+            worker.send_slot(buffers.id, slot)
 
     def wait(self, handle, timeout):
         """The finished ``_Batch`` of ``handle``; warns every ``timeout``
@@ -343,7 +353,7 @@ class _Pool:
             self._buffers = new
             for worker in self._workers:
                 worker.send(('layout', new.id, layout))
-                worker.send(('slot', new.id, 0, new.slots[0].shared))
+                worker.send_slot(new.id, new.slots[0])
             if old is not None:
                 old.close()
 
