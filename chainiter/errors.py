@@ -19,9 +19,13 @@ Warnings are classes, so ``warnings.simplefilter('error', TimeoutWarning)`` work
 """
 
 __all__ = [
-    'ChainiterError', 'IteratorFinalizedError', 'WorkerDiedError',
-    'SnapshotMismatchError', 'TimeoutWarning', 'WorkerRestartWarning',
+    'ChainiterError',
+    'IteratorFinalizedError',
     'SharedMemoryWarning',
+    'SnapshotMismatchError',
+    'TimeoutWarning',
+    'WorkerDiedError',
+    'WorkerRestartWarning',
 ]
 
 

@@ -2,8 +2,14 @@ import numpy
 import pytest
 
 from chainiter.datasets import (
-    ConcatenatedDataset, DictDataset, SubDataset, TransformDataset,
-    TupleDataset, split_dataset, split_dataset_random)
+    ConcatenatedDataset,
+    DictDataset,
+    SubDataset,
+    TransformDataset,
+    TupleDataset,
+    split_dataset,
+    split_dataset_random,
+)
 
 
 def test_tuple_dataset():

@@ -7,13 +7,22 @@ import pytest
 
 import chainiter
 from chainiter import (
-    ConcatWithAsyncTransfer, DevicePrefetcher, MultiprocessIterator,
-    MultithreadIterator, SerialIterator, concat_examples)
+    ConcatWithAsyncTransfer,
+    DevicePrefetcher,
+    MultiprocessIterator,
+    MultithreadIterator,
+    SerialIterator,
+    concat_examples,
+)
 from chainiter.backends import cuda
 
 from helpers import (
-    START_METHODS, AugmentedDataset, Examples, assert_resume_equivalent,
-    fingerprint)
+    START_METHODS,
+    AugmentedDataset,
+    Examples,
+    assert_resume_equivalent,
+    fingerprint,
+)
 
 N, BATCH = 11, 4
 

@@ -13,8 +13,13 @@ import chainiter
 from chainiter import MultiprocessIterator, SerialIterator
 
 from helpers import (
-    START_METHODS, Faulty, fingerprint, shm_files, wait_for_file,
-    wait_processes_gone)
+    START_METHODS,
+    Faulty,
+    fingerprint,
+    shm_files,
+    wait_for_file,
+    wait_processes_gone,
+)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -16,13 +16,23 @@ import pytest
 
 import chainiter
 from chainiter import (
-    MultiprocessIterator, MultithreadIterator, SerialIterator,
-    concat_examples)
+    MultiprocessIterator,
+    MultithreadIterator,
+    SerialIterator,
+    concat_examples,
+)
 
 import helpers
 from helpers import (
-    START_METHODS, AugmentedDataset, Examples, Pids, assert_resume_equivalent,
-    fingerprint, shm_files, wait_processes_gone)
+    START_METHODS,
+    AugmentedDataset,
+    Examples,
+    Pids,
+    assert_resume_equivalent,
+    fingerprint,
+    shm_files,
+    wait_processes_gone,
+)
 
 
 @pytest.fixture(params=START_METHODS)
@@ -210,7 +220,7 @@ def test_worker_init_fn_and_worker_info(method):
     assert [e[0] for e in examples] == list(range(12))
     pids = {e[1] for e in examples}
     assert os.getpid() not in pids
-    for _, pid, info, mark in examples:
+    for _, _pid, info, mark in examples:
         assert info is not None and info.num_workers == 2
         assert info.id in (0, 1) and mark == info.id
     assert chainiter.get_worker_info() is None

@@ -1,8 +1,8 @@
 """Snapshots restore exactly: into any kind, after any step."""
 
 import functools
-import pathlib
 import io
+import pathlib
 
 import numpy
 import pytest

@@ -4,7 +4,11 @@ import numpy
 import pytest
 
 from chainiter.serializers import (
-    DictionarySerializer, NpzDeserializer, load_npz, save_npz)
+    DictionarySerializer,
+    NpzDeserializer,
+    load_npz,
+    save_npz,
+)
 
 
 class Thing:

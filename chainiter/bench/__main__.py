@@ -97,7 +97,7 @@ def main(argv=None):
     print('memcpy bandwidth: {:.1f} GB/s (single copy)'.format(
         bandwidth / 1e9), file=sys.stderr)
     runs = [(w, n, loader) for w in names for n in worker_counts
-            for loader in loaders if not (loader == 'serial' and n != 
+            for loader in loaders if not (loader == 'serial' and n !=
                                           worker_counts[0])]
     results = {}
     total = len(runs) * args.repeats
@@ -124,7 +124,7 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
     for workload in names:
         ceiling = bandwidth / example_bytes(workloads.get(workload))
         for workers in worker_counts:
-            def median(loader, key):
+            def median(loader, key, workload=workload, workers=workers):
                 rows = results.get((workload, workers, loader)) or \
                     results.get((workload, worker_counts[0], loader))
                 if not rows:

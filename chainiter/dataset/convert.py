@@ -50,12 +50,12 @@ def _check_structure(batch):
     first = batch[0]
     for i, example in enumerate(batch):
         same = (
-            isinstance(example, tuple) and isinstance(first, tuple)
-            and len(example) == len(first)
-            or isinstance(example, dict) and isinstance(first, dict)
-            and example.keys() == first.keys()
-            or not isinstance(example, (tuple, dict))
-            and not isinstance(first, (tuple, dict)))
+            (isinstance(example, tuple) and isinstance(first, tuple)
+            and len(example) == len(first))
+            or (isinstance(example, dict) and isinstance(first, dict)
+            and example.keys() == first.keys())
+            or (not isinstance(example, (tuple, dict))
+            and not isinstance(first, (tuple, dict))))
         if not same:
             raise ValueError(
                 'concat_examples needs examples of one structure, but '

@@ -6,7 +6,8 @@ def _length(dataset, name):
         return len(dataset)
     except TypeError:
         raise TypeError('{} has no length (type {}); pass arrays or '
-                        'sequences'.format(name, type(dataset).__name__))
+                        'sequences'.format(name, type(dataset).__name__)
+                        ) from None
 
 
 def _is_batch_index(index):

@@ -22,8 +22,7 @@ import numpy
 
 from chainiter import _context
 from chainiter.errors import IteratorFinalizedError, SnapshotMismatchError
-from chainiter.iterators import _state
-from chainiter.iterators import order_samplers
+from chainiter.iterators import _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize``.

@@ -188,12 +188,11 @@ def write_list_chunk(whole, start, layout, examples):
         ragged.append((key, column[0].dtype, places))
     if max(ends) > layout.example_bytes:
         return None
-    for (key, column), (_, offset, nbytes, shape, dtype) in zip(fixed,
-                                                                 arrays):
+    for (_, column), (_, offset, nbytes, shape, dtype) in zip(fixed, arrays):
         dst = regions[:, offset:offset + nbytes].view(dtype).reshape(
             (n,) + shape)
         numpy.stack(column, out=dst)
-    for (key, column), (_, dtype, places) in zip(varying, ragged):
+    for (_, column), (_, dtype, places) in zip(varying, ragged):
         for row, (value, (offset, nbytes, shape)) in enumerate(
                 zip(column, places)):
             regions[row, offset:offset + nbytes].view(dtype).reshape(

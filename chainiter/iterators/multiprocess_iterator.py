@@ -27,7 +27,6 @@ import ctypes
 import functools
 import multiprocessing
 import multiprocessing.connection
-from multiprocessing import reduction
 import os
 import pickle
 import queue
@@ -37,19 +36,30 @@ import time
 import traceback
 import warnings
 import weakref
+from multiprocessing import reduction
 
 import numpy
 
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
-    ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError,
-    WorkerRestartWarning)
+    ChainiterError,
+    SharedMemoryWarning,
+    TimeoutWarning,
+    WorkerDiedError,
+    WorkerRestartWarning,
+)
 from chainiter.iterators import _layout
 from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
 from chainiter.iterators._worker import (
-    RemoteError, RemoteTraceback, Result, Task, receive_result, worker_main)
+    RemoteError,
+    RemoteTraceback,
+    Result,
+    Task,
+    receive_result,
+    worker_main,
+)
 
 _JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
 _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
@@ -70,7 +80,7 @@ def _stacking_padding(converter):
 
 
 class _Slot:
-    __slots__ = ('index', 'shared', 'busy', 'owner', 'exporter')
+    __slots__ = ('busy', 'exporter', 'index', 'owner', 'shared')
 
     def __init__(self, index):
         self.index = index
@@ -306,7 +316,8 @@ class _Pool:
                         stacklevel=4)
                 if not self._thread.is_alive() and not self._closed:
                     raise ChainiterError(
-                        'the receiver thread of MultiprocessIterator died')
+                        'the receiver thread of MultiprocessIterator died'
+                    ) from None
                 continue
             if isinstance(batch, BaseException):
                 raise batch

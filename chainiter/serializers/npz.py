@@ -82,7 +82,7 @@ class NpzDeserializer(Deserializer):
 
     def _ignored(self, key):
         for name in self.ignore_names:
-            if callable(name) and name(key) or name == key:
+            if (callable(name) and name(key)) or name == key:
                 return True
         return False
 
