@@ -267,9 +267,10 @@ def test_oversize_example_delivered_intact_with_one_warning(method):
 def test_timeout_warning_when_dataset_stalls(method):
     dataset = helpers.Stalling(6, slow=4, seconds=1.5)
     with MultiprocessIterator(dataset, 2, n_processes=1, shuffle=False,
-                              dataset_timeout=0.3,
+                              dataset_timeout=None,
                               start_method=method) as it:
-        assert next(it) == [0, 1]
+        assert next(it) == [0, 1]    # may take long: a worker is starting
+        it.dataset_timeout = 0.3
         with pytest.warns(MultiprocessIterator.TimeoutWarning):
             assert next(it) == [2, 3]
             assert next(it) == [4, 5]
