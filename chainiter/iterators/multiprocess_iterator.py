@@ -12,15 +12,16 @@
                                          └── Process.sentinel: a dead worker's
                                              chunks go to its replacement
 
-Each batch in flight owns a slot of the shared buffers; a slot is reused only
+Each batch in flight owns a slot (a shared buffer of its own, allocated when
+a batch first needs one, at most ``n_prefetch + 2``); a slot is reused only
 when its chunks are done and no array handed to the user still views it
 (every hand-out exports the slot through one ctypes object, and a weak
 reference to it tells when the last view is gone).  When no slot is free, the
 batch travels through the pipe instead.  The first batch always does: it
-measures the sizes, then the buffers are allocated and sent to the running
-workers.  Every task carries a generation number; ``reset()``, loading a
-snapshot and an exception bump it, and results of older generations are
-dropped.
+measures the sizes, then the layout is sent to the running workers and each
+slot's file descriptor follows over the worker's own socket.  Every task
+carries a generation number; ``reset()``, loading a snapshot and an
+exception bump it, and results of older generations are dropped.
 """
 
 import ctypes
