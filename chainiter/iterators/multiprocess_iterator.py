@@ -671,7 +671,9 @@ class MultiprocessIterator(DatasetIterator):
                            worker_init_fn, maxtasksperchild, n_prefetch,
                            layout)
         self._finalizer = weakref.finalize(self, self._pool.close)
-        self._dispatch_until(n_prefetch)
+        # Until the first batch has sized the buffers, batches travel
+        # through the pipe: send only that one, the rest follow it.
+        self._dispatch_until(n_prefetch if layout is not None else 1)
 
     # ---- transport ----------------------------------------------------------
 
