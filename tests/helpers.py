@@ -264,7 +264,7 @@ class Faulty:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == 'sigsegv':
                 os.kill(os.getpid(), signal.SIGSEGV)
-            if self.fault == 'unpicklable-example':
+            if self.fault in ('unpicklable-example', 'unpicklable-field'):
                 return numpy.full(3, i), Unpicklable()
             if self.fault == 'unpicklable-error':
                 raise UnpicklableError('bad example {}'.format(i))
@@ -275,6 +275,8 @@ class Faulty:
                 open(self.once_file + '.stuck', 'w').close()
                 time.sleep(600)   # a storage read that never returns
             raise ValueError(self.fault)
+        if self.fault == 'unpicklable-field':    # all examples are tuples
+            return numpy.full(3, i), i
         return numpy.full(3, i)
 
 

@@ -104,6 +104,7 @@ def test_exception_in_dataset(method):
 
 @pytest.mark.parametrize('fault,message', [
     ('unpicklable-example', r'example of dataset\[6\] cannot be pickled'),
+    ('unpicklable-field', r'example of dataset\[6\] cannot be pickled'),
     ('unpicklable-error',
      r'UnpicklableError: bad example 6.*dataset\[6\].*could not be pickled'),
     ('fails-to-unpickle', r'indices \[.*6.*\].*cannot be unpickled'),

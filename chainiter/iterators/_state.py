@@ -35,10 +35,6 @@ class IteratorState(typing.NamedTuple):
     previous_epoch_detail: float = NO_PREVIOUS_EPOCH_DETAIL
     sampler_state: typing.Optional[dict] = None
 
-    @property
-    def epoch_size(self):
-        return None if self.order is None else len(self.order)
-
 
 class Step(typing.NamedTuple):
     """One batch to load: dataset indices, and for each of them the epoch

@@ -300,8 +300,10 @@ def receive_result(conn):
 
 
 def _first_unpicklable(metas, task):
-    if type(metas) is _layout.Rows:
-        metas = []
+    if type(metas) is _layout.UniformRows:
+        metas = metas.others or []     # the only part that is not arrays
+    elif not isinstance(metas, list):
+        metas = []                     # Rows: shapes only
     for index, meta in zip(task.indices, metas):
         try:
             pickle.dumps(meta)
