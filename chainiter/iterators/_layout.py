@@ -16,6 +16,7 @@ sent back whole through the pipe instead; the parent then builds that batch
 the ordinary way, so nothing is ever truncated.
 """
 
+import operator
 import typing
 
 import numpy
@@ -295,13 +296,15 @@ def _columns(layout, examples):
     """The field values of the examples, field by field, or None when an
     example does not have the layout's structure."""
     if layout.structure == 'tuple':
-        width = len(layout.fields)
-        if not all(type(e) is tuple and len(e) == width for e in examples):
+        # set(map(...)) runs in C: far cheaper per example than all(...).
+        if set(map(type, examples)) != {tuple} or \
+                set(map(len, examples)) != {len(layout.fields)}:
             return None
         return list(zip(*examples))
     if layout.structure == 'dict':
         keys = [f.key for f in layout.fields]
-        if not all(type(e) is dict and len(e) == len(keys) for e in examples):
+        if set(map(type, examples)) != {dict} or \
+                set(map(len, examples)) != {len(keys)}:
             return None
         try:
             return [[e[k] for e in examples] for k in keys]
@@ -310,6 +313,9 @@ def _columns(layout, examples):
     if any(isinstance(e, (tuple, dict)) for e in examples):
         return None
     return [examples]
+
+
+_ndim = operator.attrgetter('ndim')
 
 
 def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
@@ -333,14 +339,14 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
         if i not in padded:
             try:
                 if type(first) is numpy.ndarray and field.capacity:
-                    # concatenate is far cheaper than stack, but it checks
-                    # only the total length: check each shape first.
-                    capacity = field.capacity
-                    if not all(type(v) is numpy.ndarray and v.shape == capacity
-                               for v in column):
-                        raise ValueError(capacity)
+                    # concatenate is far cheaper than stack, and it checks
+                    # every dimension but the first: check that one (and
+                    # the number of dimensions) first.
+                    if set(map(_ndim, column)) != {len(field.capacity)} or \
+                            set(map(len, column)) != {field.capacity[0]}:
+                        raise ValueError(field.capacity)
                     numpy.concatenate(
-                        column, out=dst.reshape((-1,) + capacity[1:]),
+                        column, out=dst.reshape((-1,) + field.capacity[1:]),
                         casting='no')
                 elif type(first) is numpy.ndarray:
                     numpy.stack(column, out=dst, casting='no')
@@ -350,7 +356,7 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                             values.shape != dst.shape:
                         raise TypeError(values.dtype)
                     dst[...] = values
-            except (TypeError, ValueError):
+            except (AttributeError, TypeError, ValueError):
                 return None
             continue
         pad = _field_padding(layout, field.key)
