@@ -61,32 +61,34 @@ def set_worker_info(info):
 def load_example(dataset, index, seed, epoch, position):
     """``dataset[index]`` with ``example_rng()`` keyed for this example."""
     out = []
-    load_examples(dataset, [int(index)], seed, [int(epoch)],
-                  [int(position)], out)
+    load_examples(dataset, [int(index)], seed,
+                  ((int(epoch), int(position), int(position) + 1),), out)
     return out[0]
 
 
-def load_examples(dataset, indices, seed, epochs, positions, out):
+def load_examples(dataset, indices, seed, spans, out):
     """Append ``dataset[i]`` for each index to ``out``, each with
-    ``example_rng()`` keyed for it.  Indices, epochs and positions are
-    int arrays or lists of ints.  When one raises, ``out`` holds the
-    examples before it (so ``indices[len(out)]`` is the one that failed)."""
+    ``example_rng()`` keyed for it.  ``indices`` is an int array or a list
+    of ints; ``spans`` gives their epochs and positions (see ``Step``).
+    When one raises, ``out`` holds the examples before it (so
+    ``indices[len(out)]`` is the one that failed)."""
     local = _local
     if hasattr(indices, 'tolist'):
-        indices, epochs, positions = (
-            indices.tolist(), epochs.tolist(), positions.tolist())
+        indices = indices.tolist()
     append = out.append
+    remaining = iter(indices)
+    epoch = position = None
     try:
         # One key object per example: example_rng() builds its generator
         # only when called, and knows the key by identity.
-        for index, epoch, position in zip(indices, epochs, positions):
-            local.key = (seed, epoch, position)
-            append(dataset[index])
+        for epoch, start, stop in spans:
+            for position, index in zip(range(start, stop), remaining):
+                local.key = (seed, epoch, position)
+                append(dataset[index])
     except Exception as e:
         if hasattr(e, 'add_note'):  # Python 3.11+
-            k = len(out)
             e.add_note('raised while loading dataset[{}] (epoch {}, position '
-                       '{})'.format(indices[k], epochs[k], positions[k]))
+                       '{})'.format(indices[len(out)], epoch, position))
         raise
     finally:
         local.key = None

@@ -140,7 +140,7 @@ class DatasetIterator(Iterator):
 
     def _load_batch(self, step):
         return _context.load_examples(self.dataset, step.indices, self._seed,
-                                      step.epochs, step.positions, [])
+                                      step.spans, [])
 
     # ---- state -----------------------------------------------------------
 

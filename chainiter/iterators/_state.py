@@ -37,12 +37,34 @@ class IteratorState(typing.NamedTuple):
 
 
 class Step(typing.NamedTuple):
-    """One batch to load: dataset indices, and for each of them the epoch
-    and the position within that epoch's order it was taken from (the key
-    of ``example_rng()``)."""
+    """One batch to load: dataset indices, and the epoch and position
+    within that epoch's order each was taken from (the key of
+    ``example_rng()``), as spans: ``(epoch, start, stop)`` per epoch the
+    batch draws from, positions ``start...stop - 1`` in order."""
     indices: numpy.ndarray
-    epochs: numpy.ndarray
-    positions: numpy.ndarray
+    spans: tuple
+
+    @property
+    def epochs(self):
+        return numpy.concatenate(
+            [numpy.full(b - a, e, dtype=numpy.int64) for e, a, b in self.spans])
+
+    @property
+    def positions(self):
+        return numpy.concatenate(
+            [numpy.arange(a, b, dtype=numpy.int64) for _, a, b in self.spans])
+
+
+def cut_spans(spans, start, stop):
+    """The spans of rows ``start...stop - 1`` of a step with ``spans``."""
+    out = []
+    row = 0
+    for epoch, a, b in spans:
+        lo, hi = max(start - row, 0), min(stop - row, b - a)
+        if lo < hi:
+            out.append((epoch, a + lo, a + hi))
+        row += b - a
+    return tuple(out)
 
 
 def epoch_detail(state, dataset_len):
@@ -93,21 +115,18 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
     if i_end > i or not parts:
         parts.append((epoch, i, i_end, order))
 
-    indices = numpy.concatenate([
-        numpy.arange(a, b, dtype=numpy.intp) if o is None else o[a:b]
-        for _, a, b, o in parts])
     if len(parts) == 1:     # the common case: one epoch
-        e, a, b, _ = parts[0]
-        epochs = numpy.full(b - a, e, dtype=numpy.int64)
-        positions = numpy.arange(a, b, dtype=numpy.int64)
+        _, a, b, o = parts[0]
+        indices = numpy.arange(a, b, dtype=numpy.intp) if o is None else \
+            o[a:b]
     else:
-        epochs = numpy.concatenate([
-            numpy.full(b - a, e, dtype=numpy.int64) for e, a, b, _ in parts])
-        positions = numpy.concatenate([
-            numpy.arange(a, b, dtype=numpy.int64) for _, a, b, _ in parts])
+        indices = numpy.concatenate([
+            numpy.arange(a, b, dtype=numpy.intp) if o is None else o[a:b]
+            for _, a, b, o in parts])
+    spans = tuple((e, a, b) for e, a, b, _ in parts)
     new_state = IteratorState(
         i_end, epoch, is_new_epoch, order, previous, sampler_state)
-    return new_state, Step(indices, epochs, positions)
+    return new_state, Step(indices, spans)
 
 
 def check_order(order, dataset_len):

@@ -5,9 +5,10 @@ A worker reads messages from its pipe, in order:
 - ``('layout', buffer_id, Layout)``: the slots of this layout follow;
 - ``('slot', buffer_id, index, size)`` followed by the slot's file
   descriptor: a slot to write into;
-- ``Task``: load the examples, write their arrays into the task's slot, and
-  send back the small metadata of each example (or the example itself
-  when there is no slot or it does not fit), or the exception;
+- a ``Task`` (as ``encode_task`` made it): load the examples, write
+  their arrays into the task's slot, and send back the small metadata of
+  each example (or the example itself when there is no slot or it does
+  not fit), or the exception;
 - ``None``: exit.
 
 It exits by itself when the parent's end of the pipe closes, and (on Linux)
@@ -41,12 +42,24 @@ class Task(typing.NamedTuple):
     seq: int
     chunk: int
     start: int              # row of the first example within the batch
-    indices: list           # plain lists: they pickle far faster than arrays
-    epochs: list
-    positions: list
+    indices: object         # int array in the parent, list in the worker
+    spans: tuple            # epochs and positions, as in Step
     slot: int               # index of the slot to write into, or -1
     buffer_id: int
     seed: int               # keys example_rng()
+
+
+def encode_task(task):
+    """A task as bytes: a plain tuple with the indices as raw int64, which
+    costs far less to pickle and unpickle than a list of ints."""
+    return pickle.dumps(tuple(task._replace(indices=numpy.ascontiguousarray(
+        task.indices, dtype=numpy.int64).tobytes())), pickle.HIGHEST_PROTOCOL)
+
+
+def decode_task(message):
+    task = Task._make(message)
+    return task._replace(
+        indices=numpy.frombuffer(task.indices, dtype=numpy.int64).tolist())
 
 
 class Result(typing.NamedTuple):
@@ -158,7 +171,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                                                 dtype=numpy.uint8)
             shared.close()     # the mapping stays while the array lives
             continue
-        task = message
+        task = decode_task(message)
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
         if whole is None:
             sink = _WholeSink()
@@ -174,7 +187,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         error = None
         try:
             _context.load_examples(dataset, task.indices, task.seed,
-                                   task.epochs, task.positions, sink)
+                                   task.spans, sink)
         except Exception as e:
             error = _remote_error(e, int(task.indices[len(sink)]))
         metas = [] if error is not None else sink.result()

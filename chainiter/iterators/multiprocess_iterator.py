@@ -49,7 +49,7 @@ from chainiter.errors import (
     WorkerDiedError,
     WorkerRestartWarning,
 )
-from chainiter.iterators import _layout
+from chainiter.iterators import _layout, _state
 from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
@@ -58,6 +58,7 @@ from chainiter.iterators._worker import (
     RemoteTraceback,
     Result,
     Task,
+    encode_task,
     receive_result,
     worker_main,
 )
@@ -232,14 +233,15 @@ class _Pool:
                 if self._max_tasks is None or w.sent < self._max_tasks]
 
     def _assign(self, task):
+        """Give ``task`` to the least busy worker; return the send that
+        hands it over (the caller may make it after releasing the lock)."""
         workers = self._accepting()
         while len(workers) < self._n_workers:
             workers.append(self._start_worker())
         worker = min(workers, key=lambda w: len(w.outstanding))
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
-        # Plain pickle: multiprocessing's pickler costs more per message.
-        worker.send_bytes(pickle.dumps(task, pickle.HIGHEST_PROTOCOL))
+        return functools.partial(worker.send_bytes, encode_task(task))
 
     # ---- the main thread's side -------------------------------------------
 
@@ -254,22 +256,25 @@ class _Pool:
             # flight.
             n_chunks = min(n, -(-self._n_workers // self._n_prefetch))
             bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
-            indices = step.indices.tolist()
-            epochs = step.epochs.tolist()
-            positions = step.positions.tolist()
             batch = _Batch(self._generation, seq, step, n_chunks, slot,
                            buffers)
             self._inflight[seq] = batch
             if slot is not None:
                 slot.busy += n_chunks
                 slot.owner = (self._generation, seq)
-            for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-                self._assign(Task(
-                    self._generation, seq, chunk, int(a), indices[a:b],
-                    epochs[a:b], positions[a:b],
-                    -1 if slot is None else slot.index,
-                    -1 if buffers is None else buffers.id, seed))
-            return self._generation, seq
+            sends = [self._assign(Task(
+                self._generation, seq, chunk, a, step.indices[a:b],
+                _state.cut_spans(step.spans, a, b),
+                -1 if slot is None else slot.index,
+                -1 if buffers is None else buffers.id, seed))
+                for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+            generation = self._generation
+        # Outside the lock, so that the receiver thread is not held up by
+        # the system call.  A worker that died meanwhile has its tasks
+        # given to a new worker by the receiver thread; this send is lost.
+        for send in sends:
+            send()
+        return generation, seq
 
     def _free_slot(self):
         buffers = self._buffers
@@ -518,7 +523,7 @@ class _Pool:
                     continue      # failed above
                 if task.slot >= 0 and batch.slot is not None:
                     batch.slot.busy += 1
-                self._assign(task)
+                self._assign(task)()
             while len(self._accepting()) < self._n_workers:
                 self._start_worker()
 
