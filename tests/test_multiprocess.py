@@ -121,6 +121,30 @@ def test_stacked_mode_equals_concat_examples(method, kind, padding):
             assert_same_arrays(got, expected)
 
 
+class ShapeShift:
+    """Arrays of shape (2, 3), but example 2 is (1, 3) and example 3 is
+    (3, 3): together they have the rows of two regular examples."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        rows = {2: 1, 3: 3}.get(i, 2)
+        return numpy.full((rows, 3), i, dtype=numpy.float32)
+
+
+def test_stacked_mode_rejects_shapes_that_only_add_up(method):
+    with MultiprocessIterator(ShapeShift(), 2, shuffle=False, n_processes=1,
+                              converter=concat_examples,
+                              start_method=method) as it:
+        assert next(it).shape == (2, 2, 3)
+        with pytest.raises(ValueError):
+            concat_examples([ShapeShift()[2], ShapeShift()[3]])
+        with pytest.raises(ValueError):
+            next(it)   # as concat_examples: never a silently reshaped batch
+        assert it.current_position == 2
+
+
 def views_shared_memory(array):
     """True when ``array`` is a view of a shared-memory slot (its chain of
     bases ends in the ctypes object that exports the slot)."""

@@ -3,7 +3,12 @@
 import numpy
 import pytest
 
-from chainiter.iterators._state import IteratorState, advance, epoch_detail
+from chainiter.iterators._state import (
+    IteratorState,
+    advance,
+    cut_spans,
+    epoch_detail,
+)
 
 
 def identity_sampler(order, position, epoch):
@@ -87,6 +92,18 @@ def test_keys_name_epoch_and_position_of_each_example():
     assert list(step.indices) == [3, 4, 0, 1]
     assert list(step.epochs) == [0, 0, 1, 1]
     assert list(step.positions) == [3, 4, 0, 1]
+    assert step.spans == ((0, 3, 5), (1, 0, 2))
+
+
+@pytest.mark.parametrize('start,stop', [(0, 9), (0, 2), (1, 3), (2, 2),
+                                        (3, 9), (4, 8), (7, 9)])
+def test_cut_spans_keys_the_rows_of_a_chunk(start, stop):
+    state = IteratorState(3, 0, False, None)
+    state, step = advance(state, 9, True, 5, identity_sampler)  # 3 epochs
+    assert step.spans == ((0, 3, 5), (1, 0, 5), (2, 0, 2))
+    spans = cut_spans(step.spans, start, stop)
+    keys = [(e, p) for e, a, b in spans for p in range(a, b)]
+    assert keys == list(zip(step.epochs, step.positions))[start:stop]
 
 
 def test_epoch_detail_and_previous():
