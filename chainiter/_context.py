@@ -25,6 +25,25 @@ class WorkerInfo(typing.NamedTuple):
     seed: int
 
 
+class _Loading:
+    """What the current thread is loading: the key of ``example_rng()``
+    and the generator made for it (a plain object per thread: setting an
+    attribute of ``threading.local`` costs several times more)."""
+    __slots__ = ('key', 'rng')
+
+    def __init__(self):
+        self.key = None
+        self.rng = None
+
+
+def _loading():
+    try:
+        return _local.loading
+    except AttributeError:
+        _local.loading = _Loading()
+        return _local.loading
+
+
 def example_rng():
     """The ``numpy.random.Generator`` of the example being loaded.
 
@@ -32,18 +51,19 @@ def example_rng():
     a chainiter iterator loads that example.  Repeated calls while loading one
     example return the same generator, so successive draws differ.
     """
-    key = getattr(_local, 'key', None)
+    loading = _loading()
+    key = loading.key
     if key is None:
         raise RuntimeError(
             'chainiter.example_rng() was called outside of an example load. '
             'It works only inside dataset[i] while a chainiter iterator '
             'loads example i; elsewhere create your own '
             'numpy.random.default_rng(seed).')
-    cached = getattr(_local, 'rng', None)
+    cached = loading.rng
     if cached is not None and cached[0] is key:
         return cached[1]
     rng = example_generator(*key)
-    _local.rng = (key, rng)
+    loading.rng = (key, rng)
     return rng
 
 
@@ -72,7 +92,7 @@ def load_examples(dataset, indices, seed, spans, out):
     of ints; ``spans`` gives their epochs and positions (see ``Step``).
     When one raises, ``out`` holds the examples before it (so
     ``indices[len(out)]`` is the one that failed)."""
-    local = _local
+    loading = _loading()
     if hasattr(indices, 'tolist'):
         indices = indices.tolist()
     append = out.append
@@ -83,7 +103,7 @@ def load_examples(dataset, indices, seed, spans, out):
         # only when called, and knows the key by identity.
         for epoch, start, stop in spans:
             for position, index in zip(range(start, stop), remaining):
-                local.key = (seed, epoch, position)
+                loading.key = (seed, epoch, position)
                 append(dataset[index])
     except Exception as e:
         if hasattr(e, 'add_note'):  # Python 3.11+
@@ -91,6 +111,6 @@ def load_examples(dataset, indices, seed, spans, out):
                        '{})'.format(indices[len(out)], epoch, position))
         raise
     finally:
-        local.key = None
-        local.rng = None
+        loading.key = None
+        loading.rng = None
     return out
