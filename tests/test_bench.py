@@ -25,7 +25,11 @@ def test_bench_user_dataset():
     out = subprocess.run(
         [sys.executable, '-m', 'chainiter.bench', '--smoke', '--workloads',
          '', '--dataset', 'chainiter.bench.workloads:Tiny',
-         '--batch-size', '8'],
+         '--batch-size', '8', '--loaders', 'chainiter:4,serial'],
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert 'chainiter.bench.workloads:Tiny' in out.stdout
+    rows = [line.split('|') for line in out.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| workload |')]
+    assert {row[1].strip() for row in rows} == {
+        'chainiter.bench.workloads:Tiny'}
+    assert {row[3].strip() for row in rows} == {'chainiter:4', 'serial'}

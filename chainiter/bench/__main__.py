@@ -68,7 +68,11 @@ def main(argv=None):
                         help='override the batch size')
     parser.add_argument('--workers', default='2',
                         help='comma-separated worker counts, e.g. 1,2,4')
-    parser.add_argument('--loaders', default=','.join(LOADERS))
+    parser.add_argument('--loaders', default=','.join(LOADERS),
+                        help='comma-separated; chainiter and chainiter-list '
+                             'keep 2 batches per worker in flight (as '
+                             "DataLoader's prefetch_factor=2); chainiter:K "
+                             'keeps K per worker')
     parser.add_argument('--compare', choices=['torch'], action='append',
                         default=[], help='also run this peer')
     parser.add_argument('--repeats', type=int, default=3)

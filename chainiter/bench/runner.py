@@ -7,6 +7,8 @@ Loaders:
                      2 x workers, the batches DataLoader keeps in flight
     chainiter-list   MultiprocessIterator's list of examples, then the
                      user's concat_examples
+    chainiter:K, chainiter-list:K
+                     the same with n_prefetch = K x workers
     torch            torch.utils.data.DataLoader, persistent workers,
                      default collate (padding collate for 'variable')
     serial           a plain loop: index, fetch, numpy stack
@@ -105,14 +107,15 @@ def make_loader(name, workload, workers):
     """``(next_batch, close)`` for a loader on a workload."""
     dataset = workload.make()
     batch_size = workload.batch_size
-    if name in ('chainiter', 'chainiter-list'):
+    base, _, factor = name.partition(':')
+    if base in ('chainiter', 'chainiter-list'):
         import chainiter
-        stacked = name == 'chainiter'
-        # As many batches in flight as DataLoader's default
+        stacked = base == 'chainiter'
+        # By default as many batches in flight as DataLoader's default
         # (prefetch_factor=2 per worker), so both pipelines are as deep.
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
-            n_prefetch=2 * workers, dataset_timeout=None,
+            n_prefetch=int(factor or 2) * workers, dataset_timeout=None,
             converter=workload.converter if stacked else None)
         if stacked:
             return it.__next__, it.finalize

@@ -316,6 +316,7 @@ def _columns(layout, examples):
 
 
 _ndim = operator.attrgetter('ndim')
+_dtype = operator.attrgetter('dtype')
 
 
 def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
@@ -363,20 +364,19 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
         capacity = field.capacity
         dtype = dst.dtype
         if len(capacity) == 1:     # the common ragged case: sequences
-            top, bottom = 0, capacity[0]
-            for value in column:
-                if type(value) is not numpy.ndarray or \
-                        value.dtype != dtype or value.ndim != 1:
-                    return None
-                top = max(top, value.shape[0])
-                bottom = min(bottom, value.shape[0])
+            if set(map(type, column)) != {numpy.ndarray} or \
+                    set(map(_dtype, column)) != {dtype} or \
+                    set(map(_ndim, column)) != {1}:
+                return None
+            lengths = list(map(len, column))
+            top = max(lengths)
             if top > capacity[0]:
                 return None
-            if bottom < capacity[0]:
+            if min(lengths) < capacity[0]:
                 # The whole row: another chunk may make the batch longer.
                 dst.fill(pad)
-            for row, value in enumerate(column):
-                dst[row, :value.shape[0]] = value
+            for row, value, length in zip(dst, column, lengths):
+                row[:length] = value
             tops[i] = (top,)
             continue
         top = None
