@@ -288,6 +288,32 @@ def test_oversize_example_delivered_intact_with_one_warning(method):
                 if w.category is chainiter.SharedMemoryWarning]) == 1
 
 
+def test_stacked_mode_follows_the_advice_of_the_size_warning(method):
+    dataset = helpers.Big(12, sizes=[10, 10, 10, 10, 5000, 10])
+    converter = functools.partial(concat_examples, padding=0)
+
+    def run(shared_mem):
+        with MultiprocessIterator(dataset, 4, n_processes=1, shuffle=False,
+                                  shared_mem=shared_mem, converter=converter,
+                                  start_method=method) as it, \
+                SerialIterator(dataset, 4, shuffle=False) as ref, \
+                warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter('always')
+            shared = []
+            for _ in range(6):
+                got = next(it)
+                assert_same_arrays(got, converter(next(ref)))
+                shared.append(views_shared_memory(got[0]))
+        return [str(w.message) for w in record], shared
+
+    messages, _ = run(None)    # sized from the first batch: 10 values
+    assert len(messages) == 1 and 'shared_mem=' in messages[0], messages
+    advice = int(messages[0].split('shared_mem=')[1].split()[0])
+    messages, shared = run(advice)
+    assert messages == []
+    assert shared[1:] == [True] * 5    # the first batch measures the shapes
+
+
 def test_timeout_warning_when_dataset_stalls(method):
     dataset = helpers.Stalling(6, slow=4, seconds=1.5)
     with MultiprocessIterator(dataset, 2, n_processes=1, shuffle=False,

@@ -271,6 +271,22 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
                   fields=tuple(fields), padding=padding)
 
 
+def widen(layout, batch, batch_size, example_bytes):
+    """``layout`` with its padded fields lengthened (along their first
+    dimension, all by the same factor) so that one example's row takes at
+    least ``example_bytes``; ``layout`` itself when it already does or has
+    no padded field."""
+    padded = [layout.fields[i] for i in padded_fields(layout)]
+    have = row_bytes(layout)
+    if have >= example_bytes or not padded:
+        return layout
+    fixed = have - sum(f.row_bytes for f in padded)
+    factor = (example_bytes - fixed) / max(sum(f.row_bytes for f in padded), 1)
+    capacities = {f.key: (int(numpy.ceil(f.capacity[0] * factor)),) +
+                  f.capacity[1:] for f in padded}
+    return stacked_layout(batch, batch_size, layout.padding, capacities)
+
+
 def _field_padding(layout, key):
     padding = layout.padding
     if isinstance(padding, (tuple, dict)):

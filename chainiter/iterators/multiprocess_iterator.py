@@ -600,6 +600,9 @@ class MultiprocessIterator(DatasetIterator):
         shared_mem (int or None): bytes of shared memory per example (None:
             measured from the first batch).  Larger examples are still
             delivered, with a ``SharedMemoryWarning``, and the buffers grow.
+            When the workers stack the batch, the shapes are measured from
+            the first batch and ``shared_mem`` lengthens the padded fields
+            so that each example has room for that many bytes.
         dataset_timeout (float or None): warn with ``TimeoutWarning`` when no
             batch arrived for that many seconds.
         maxtasksperchild (int or None): replace a worker after that many
@@ -735,6 +738,9 @@ class MultiprocessIterator(DatasetIterator):
                                          self._padding, capacities)
             if new is None and layout is not None:
                 return   # the batch cannot be stacked; keep the layout
+            if new is not None and layout is None and self.shared_mem:
+                new = _layout.widen(new, examples, self.batch_size,
+                                    self.shared_mem)
         else:
             new = None
         if new is None:
