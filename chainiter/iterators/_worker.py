@@ -301,15 +301,82 @@ def send_result(conn, task, worker_id, metas, error):
             'worker to the main process: {}: {}'.format(
                 what, index, type(e).__qualname__, e),
             traceback.format_exc(), index)))
-    conn.send_bytes(_HEADER.pack(task.generation, task.seq, task.chunk,
-                                 worker_id) + payload)
+    send_frame(conn, _HEADER.pack(task.generation, task.seq, task.chunk,
+                                  worker_id) + payload)
 
 
-def receive_result(conn):
-    """``(generation, seq, chunk, worker, payload)`` of the next result."""
-    message = conn.recv_bytes()
-    return _HEADER.unpack_from(message) + (
-        memoryview(message)[_HEADER.size:],)
+_LENGTH = struct.Struct('!i')       # multiprocessing.Connection's framing
+_LONG_LENGTH = struct.Struct('!Q')
+
+
+def send_frame(conn, data):
+    """``conn.send_bytes(data)`` in one system call and without its Python
+    layers (the same framing: ``recv``, ``recv_bytes`` and
+    ``receive_results`` read it)."""
+    if len(data) > 16384:   # large: not worth a copy to save a call
+        conn.send_bytes(data)
+        return
+    frame = _LENGTH.pack(len(data)) + data
+    fd = conn.fileno()
+    sent = os.write(fd, frame)
+    while sent < len(frame):
+        sent += os.write(fd, frame[sent:])
+
+
+def receive_results(conn):
+    """Every result waiting in ``conn``, as ``(generation, seq, chunk,
+    worker, payload)``; blocks only to complete a message that has begun.
+
+    One system call reads the small messages that are waiting
+    (``recv_bytes`` takes two per message); a large one is read straight
+    into its buffer."""
+    fd = conn.fileno()
+    data = os.read(fd, 65536)
+    if not data:
+        raise EOFError
+    out = []
+    pos = 0
+    while pos < len(data):
+        # A frame's header never ends the stream: reading exactly the
+        # missing bytes of a header never reads into the next frame.
+        data, pos = _at_least(fd, data, pos, _LENGTH.size)
+        size, = _LENGTH.unpack_from(data, pos)
+        head = _LENGTH.size
+        if size == -1:
+            data, pos = _at_least(fd, data, pos, head + _LONG_LENGTH.size)
+            size, = _LONG_LENGTH.unpack_from(data, pos + head)
+            head += _LONG_LENGTH.size
+        start, end = pos + head, pos + head + size
+        if end <= len(data):
+            message = data[start:end]
+        else:
+            message = bytearray(size)
+            have = len(data) - start
+            message[:have] = data[start:]
+            _read_into(fd, message, have)
+        out.append(_HEADER.unpack_from(message) +
+                   (memoryview(message)[_HEADER.size:],))
+        pos = end
+    return out
+
+
+def _at_least(fd, data, pos, n):
+    """``(data, pos)`` with at least ``n`` bytes from ``pos`` on."""
+    missing = n - (len(data) - pos)
+    if missing <= 0:
+        return data, pos
+    more = bytearray(missing)
+    _read_into(fd, more, 0)
+    return data[pos:] + bytes(more), 0
+
+
+def _read_into(fd, target, filled):
+    view = memoryview(target)
+    while filled < len(target):
+        n = os.readv(fd, [view[filled:]])
+        if n == 0:
+            raise EOFError
+        filled += n
 
 
 def _first_unpicklable(metas, task):

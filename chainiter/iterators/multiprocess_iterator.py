@@ -59,7 +59,8 @@ from chainiter.iterators._worker import (
     Result,
     Task,
     encode_task,
-    receive_result,
+    receive_results,
+    send_frame,
     worker_main,
 )
 
@@ -139,7 +140,7 @@ class _Worker:
         self._send(self.conn.send, message)
 
     def send_bytes(self, data):
-        self._send(self.conn.send_bytes, data)
+        self._send(functools.partial(send_frame, self.conn), data)
 
     def send_slot(self, buffer_id, slot):
         """Hand a slot's memory to the worker: a message, then the file
@@ -425,14 +426,14 @@ class _Pool:
             selector.close()
 
     def _receive(self, worker):
-        """Read one result (the selector reports the pipe again if there
-        are more)."""
+        """Read the results waiting in the worker's pipe."""
         try:
-            message = receive_result(worker.conn)
+            messages = receive_results(worker.conn)
         except (EOFError, OSError):
             return   # the worker died; its sentinel tells
         with self._lock:
-            self._on_result(worker, message)
+            for message in messages:
+                self._on_result(worker, message)
 
     def _on_result(self, worker, message):
         generation, seq, chunk, _, payload = message
@@ -479,7 +480,8 @@ class _Pool:
             # Results it sent before exiting are still in the pipe.
             try:
                 while worker.conn.poll():
-                    self._on_result(worker, receive_result(worker.conn))
+                    for message in receive_results(worker.conn):
+                        self._on_result(worker, message)
             except (EOFError, OSError):
                 pass
             self._workers.remove(worker)   # the receive loop closes conn
