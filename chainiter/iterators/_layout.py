@@ -58,6 +58,7 @@ class Layout(typing.NamedTuple):
     structure: str = ''          # stacked mode: 'tuple', 'dict' or 'single'
     fields: tuple = ()           # stacked mode
     padding: object = None       # stacked mode: the value, tuple or dict
+    padded: tuple = ()           # stacked mode: indices of padded fields
 
 
 # ---- the list layout -----------------------------------------------------
@@ -252,6 +253,7 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
     else:
         structure, keyed = 'single', [(None, stacked)]
     fields = []
+    padded = []
     offset = 0
     for key, array in keyed:
         if not isinstance(array, numpy.ndarray) or array.dtype.kind not in \
@@ -264,11 +266,13 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
                              for a, b in zip(capacity, capacities[key]))
         row_bytes = int(numpy.prod(capacity, dtype=numpy.int64)) * \
             array.dtype.itemsize
+        if pad is not None and capacity:
+            padded.append(len(fields))
         fields.append(Field(key, array.dtype.str, capacity, offset,
                             row_bytes))
         offset += _align(row_bytes * batch_size)
     return Layout('stacked', offset, structure=structure,
-                  fields=tuple(fields), padding=padding)
+                  fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
 def widen(layout, batch, batch_size, example_bytes):
@@ -296,8 +300,7 @@ def _field_padding(layout, key):
 
 def padded_fields(layout):
     """Indices of the fields whose shape may vary (padding given)."""
-    return [i for i, f in enumerate(layout.fields)
-            if f.capacity and _field_padding(layout, f.key) is not None]
+    return layout.padded
 
 
 class Rows(typing.NamedTuple):
@@ -511,8 +514,8 @@ def read_stacked(base, layout, n, tops):
     bytes); ``tops`` gives the batch's largest shape of padded fields."""
     out = []
     for i, field in enumerate(layout.fields):
-        rows = base[field.offset:field.offset + field.row_bytes * n].view(
-            field.dtype).reshape((n,) + field.capacity)
+        rows = numpy.ndarray((n,) + field.capacity, field.dtype, base,
+                             field.offset)
         top = tops.get(i)
         if top is not None and top != field.capacity:
             rows = rows[(slice(None),) + tuple(slice(t) for t in top)]
