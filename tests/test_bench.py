@@ -33,3 +33,23 @@ def test_bench_user_dataset():
     assert {row[1].strip() for row in rows} == {
         'chainiter.bench.workloads:Tiny'}
     assert {row[3].strip() for row in rows} == {'chainiter:4', 'serial'}
+
+
+def test_table_compares_like_with_like():
+    from chainiter.bench.__main__ import format_table
+
+    def run(rate):
+        return [{'examples_per_s': rate, 'first_batch_s': 0.1,
+                 'peak_pss_bytes': 2 ** 20}]
+    results = {('tiny', 2, 'chainiter'): run(800.0),
+               ('tiny', 2, 'chainiter:16'): run(1200.0),
+               ('tiny', 2, 'torch'): run(100.0),
+               ('tiny', 2, 'torch:16'): run(200.0),
+               ('tiny', 2, 'serial'): run(400.0)}
+    loaders = ['chainiter', 'chainiter:16', 'serial', 'torch', 'torch:16']
+    table = format_table(results, ['tiny'], [2], loaders, 1e9)
+    rows = {line.split('|')[3].strip(): line.split('|')[5].strip()
+            for line in table.splitlines()[2:]}
+    assert rows['chainiter'] == '8.00x'       # against torch
+    assert rows['chainiter:16'] == '6.00x'    # against torch:16
+    assert rows['serial'] == '4.00x'

@@ -72,7 +72,9 @@ def main(argv=None):
                         help='comma-separated; chainiter and chainiter-list '
                              'keep 2 batches per worker in flight (as '
                              "DataLoader's prefetch_factor=2); chainiter:K "
-                             'keeps K per worker')
+                             'keeps K per worker, torch:K is DataLoader with '
+                             'prefetch_factor=K; a :K row is compared with '
+                             'torch:K when that runs too')
     parser.add_argument('--compare', choices=['torch'], action='append',
                         default=[], help='also run this peer')
     parser.add_argument('--repeats', type=int, default=3)
@@ -90,7 +92,7 @@ def main(argv=None):
     names = [w for w in args.workloads.split(',') if w] + args.dataset
     loaders = [x for x in args.loaders.split(',') if x] + args.compare
     worker_counts = [int(w) for w in args.workers.split(',')]
-    if 'torch' in loaders:
+    if any(loader.partition(':')[0] == 'torch' for loader in loaders):
         try:
             import torch  # NOQA
         except ImportError:
@@ -134,12 +136,17 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                 if not rows:
                     return None
                 return statistics.median(r[key] for r in rows)
-            torch_rate = median('torch', 'examples_per_s')
             serial_rate = median('serial', 'examples_per_s')
             for loader in loaders:
                 if loader == 'serial' and workers != worker_counts[0]:
                     continue
                 rate = median(loader, 'examples_per_s')
+                # Like with like: a deeper pipeline against DataLoader
+                # as deep, when that ran.
+                depth = loader.partition(':')[2]
+                peer = 'torch:' + depth if depth and \
+                    'torch:' + depth in loaders else 'torch'
+                torch_rate = median(peer, 'examples_per_s')
                 lines.append('| ' + ' | '.join([
                     workload, str(0 if loader == 'serial' else workers),
                     loader, '{:,.0f}'.format(rate),

@@ -9,6 +9,7 @@ Loaders:
                      user's concat_examples
     chainiter:K, chainiter-list:K
                      the same with n_prefetch = K x workers
+    torch:K          DataLoader with prefetch_factor=K (as deep)
     torch            torch.utils.data.DataLoader, persistent workers,
                      default collate (padding collate for 'variable')
     serial           a plain loop: index, fetch, numpy stack
@@ -121,12 +122,13 @@ def make_loader(name, workload, workers):
             return it.__next__, it.finalize
         convert = workload.converter
         return (lambda: convert(next(it))), it.finalize
-    if name == 'torch':
+    if base == 'torch':
         import torch.utils.data
+        options = {'prefetch_factor': int(factor)} if factor else {}
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
             persistent_workers=workers > 0,
-            collate_fn=workload.torch_collate)
+            collate_fn=workload.torch_collate, **options)
         state = {'it': iter(loader)}
 
         def next_batch():
