@@ -53,3 +53,18 @@ def test_table_compares_like_with_like():
     assert rows['chainiter'] == '8.00x'       # against torch
     assert rows['chainiter:16'] == '6.00x'    # against torch:16
     assert rows['serial'] == '4.00x'
+
+
+def test_memory_is_summed_over_the_worker_processes():
+    import os
+
+    import chainiter
+    from chainiter.bench import runner
+
+    from helpers import Pids
+    with chainiter.MultiprocessIterator(Pids(), 12, n_processes=2,
+                                        shuffle=False) as it:
+        pids = {example[1] for example in next(it)}
+        found = set(runner._descendants(os.getpid()))
+        assert pids | {os.getpid()} <= found
+        assert found == set(runner._descendants_by_scan(os.getpid()))
