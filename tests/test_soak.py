@@ -33,6 +33,7 @@ def test_million_examples_with_random_worker_kills(method):
         expected = [[i for i, _ in next(ref)] for _ in range(steps)]
     killed = set()
     pids = set()
+    kills_due = 0
     start = time.monotonic()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter('always')
@@ -44,8 +45,13 @@ def test_million_examples_with_random_worker_kills(method):
                 assert [i for i, _ in batch] == expected[step], step
                 batch_pids = {pid for _, pid in batch}
                 pids |= batch_pids
-                if step in kill_at:
-                    victim = int(rng.choice(sorted(batch_pids - killed)))
+                kills_due += step in kill_at
+                # A batch loaded before its worker was killed names only
+                # dead pids: the kill then waits for a batch of a live one.
+                alive = sorted(batch_pids - killed)
+                if kills_due and alive:
+                    kills_due -= 1
+                    victim = int(rng.choice(alive))
                     try:
                         os.kill(victim, signal.SIGKILL)
                         killed.add(victim)
