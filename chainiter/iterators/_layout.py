@@ -284,8 +284,8 @@ def widen(layout, batch, batch_size, example_bytes):
     have = row_bytes(layout)
     if have >= example_bytes or not padded:
         return layout
-    fixed = have - sum(f.row_bytes for f in padded)
-    factor = (example_bytes - fixed) / max(sum(f.row_bytes for f in padded), 1)
+    padded_bytes = sum(f.row_bytes for f in padded)
+    factor = (example_bytes - (have - padded_bytes)) / max(padded_bytes, 1)
     capacities = {f.key: (int(numpy.ceil(f.capacity[0] * factor)),) +
                   f.capacity[1:] for f in padded}
     return stacked_layout(batch, batch_size, layout.padding, capacities)

@@ -35,8 +35,9 @@ class MultithreadIterator(DatasetIterator):
     def _submit(self, step):
         submit, load = self._pool.submit, _context.load_example
         dataset, seed = self.dataset, self._seed
+        keys = ((e, p) for e, a, b in step.spans for p in range(a, b))
         return [submit(load, dataset, i, seed, e, p)
-                for i, e, p in zip(step.indices, step.epochs, step.positions)]
+                for i, (e, p) in zip(step.indices.tolist(), keys)]
 
     def _collect(self, futures):
         return [future.result() for future in futures]
