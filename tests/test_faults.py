@@ -72,6 +72,22 @@ def test_death_is_detected_within_seconds(method, tmp_path):
     assert elapsed < 5, elapsed
 
 
+def test_death_while_finished_batches_wait_for_the_consumer(method,
+                                                            tmp_path):
+    # Deep prefetch and an idle consumer: finished batches pile up, so the
+    # receiver thread rests until the consumer needs more, and only then
+    # notices the death.  Nothing may be lost, duplicated or reordered.
+    once = str(tmp_path / 'happened')
+    dataset = Faulty(24, bad=5, fault='sigkill', once_file=once)
+    with MultiprocessIterator(dataset, 1, n_processes=2, n_prefetch=8,
+                              shuffle=False, start_method=method) as it:
+        assert int(next(it)[0][0]) == 0
+        assert wait_for_file(once, timeout=30)
+        with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
+            got = [int(next(it)[0][0]) for _ in range(47)]
+    assert got == list(range(1, 24)) + list(range(24))
+
+
 def test_batch_that_keeps_killing_workers_raises(method):
     dataset = Faulty(12, bad=6, fault='sigkill')
     with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,

@@ -67,6 +67,11 @@ from chainiter.iterators._worker import (
 _JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
 _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
 _MAX_DEATHS_PER_BATCH = 3
+# The receiver thread rests while this many batches wait for the consumer,
+# until fewer than _READY_LOW do: results then pile up in the pipes and one
+# wake-up reads several, instead of one wake-up per result.
+_READY_HIGH = 4
+_READY_LOW = 2
 _GROWTH = 1.25                # buffers grow at least by this factor
 
 
@@ -189,6 +194,8 @@ class _Pool:
         self._events = []        # warnings to raise in the main thread
         self._closed = False
         self._stop = threading.Event()
+        self._wanted = threading.Event()
+        self._wanted.set()
         self._wake_r, self._wake_w = multiprocessing.connection.Pipe(
             duplex=False)
         if layout is not None:      # before any worker starts
@@ -326,6 +333,9 @@ class _Pool:
                         'the receiver thread of MultiprocessIterator died'
                     ) from None
                 continue
+            if not self._wanted.is_set() and \
+                    self._ready.qsize() < _READY_LOW:
+                self._wanted.set()
             if isinstance(batch, BaseException):
                 raise batch
             if batch.generation == generation and batch.seq == seq:
@@ -384,12 +394,22 @@ class _Pool:
 
     def _receive_loop(self):
         """Wait on every worker's pipe, every worker's sentinel and the
-        wake-up pipe at once, with one selector kept across iterations."""
+        wake-up pipe at once, with one selector kept across iterations;
+        rest while enough batches wait for the consumer (a death is then
+        noticed once the consumer needs more, or within _RECEIVER_POLL_S)."""
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
         watched = {}
         try:
             while not self._stop.is_set():
+                if self._ready.qsize() >= _READY_HIGH:
+                    # Only next() takes from the queue, and it sets the
+                    # event when the queue runs short: clear, then look
+                    # again, so that no such wake-up is lost.
+                    self._wanted.clear()
+                    if self._ready.qsize() >= _READY_HIGH:
+                        self._wanted.wait(_RECEIVER_POLL_S)
+                        continue
                 workers = self._workers
                 if set(watched) != set(workers):
                     for worker in set(watched) - set(workers):
@@ -536,6 +556,7 @@ class _Pool:
             return
         self._closed = True
         self._stop.set()
+        self._wanted.set()
         self._wake_receiver()
         if threading.current_thread() is not self._thread:
             self._thread.join(_JOIN_TIMEOUT_S * 5)
