@@ -90,7 +90,9 @@ def main(argv=None):
     if args.smoke:
         args.repeats, args.seconds, args.warmup = 1, 0.05, 0.0
     names = [w for w in args.workloads.split(',') if w] + args.dataset
-    loaders = [x for x in args.loaders.split(',') if x] + args.compare
+    # Each once, in order: a loader also given as --compare runs once.
+    loaders = list(dict.fromkeys(
+        [x for x in args.loaders.split(',') if x] + args.compare))
     worker_counts = [int(w) for w in args.workers.split(',')]
     if any(loader.partition(':')[0] == 'torch' for loader in loaders):
         try:
