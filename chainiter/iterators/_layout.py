@@ -329,7 +329,8 @@ def _columns(layout, examples):
             return [[e[k] for e in examples] for k in keys]
         except KeyError:
             return None
-    if any(isinstance(e, (tuple, dict)) for e in examples):
+    if set(map(type, examples)) != {numpy.ndarray} and any(
+            isinstance(e, (tuple, dict)) for e in examples):
         return None
     return [examples]
 
@@ -567,6 +568,9 @@ def read_batch(base, slot_start, layout, chunks):
     came whole because they did not fit.
     """
     if layout.mode == 'stacked':
+        if len(chunks) == 1 and type(chunks[0]) is Rows:   # the common case
+            return read_stacked(base, layout, chunks[0].n,
+                                chunks[0].tops), None, ()
         if all(type(chunk) is Rows for chunk in chunks):
             return read_stacked(base, layout, sum(c.n for c in chunks),
                                 tops_of(layout, chunks)), None, ()

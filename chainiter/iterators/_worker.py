@@ -52,14 +52,20 @@ class Task(typing.NamedTuple):
 def encode_task(task):
     """A task as bytes: a plain tuple with the indices as raw int64, which
     costs far less to pickle and unpickle than a list of ints."""
-    return pickle.dumps(tuple(task._replace(indices=numpy.ascontiguousarray(
-        task.indices, dtype=numpy.int64).tobytes())), pickle.HIGHEST_PROTOCOL)
+    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
+        task
+    return pickle.dumps(
+        (generation, seq, chunk, start,
+         numpy.asarray(indices, dtype=numpy.int64).tobytes(), spans, slot,
+         buffer_id, seed), pickle.HIGHEST_PROTOCOL)
 
 
 def decode_task(message):
-    task = Task._make(message)
-    return task._replace(
-        indices=numpy.frombuffer(task.indices, dtype=numpy.int64).tolist())
+    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
+        message
+    return Task(generation, seq, chunk, start,
+                numpy.frombuffer(indices, dtype=numpy.int64).tolist(), spans,
+                slot, buffer_id, seed)
 
 
 class Result(typing.NamedTuple):

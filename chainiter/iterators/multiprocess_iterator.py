@@ -107,6 +107,7 @@ class _Buffers:
         self.layout = layout
         self.slots = [_Slot(i) for i in range(n_slots)]
         self.cannot_allocate = False
+        self.next = 0    # slots are freed about in turn: look here first
 
     def allocated(self):
         return [slot for slot in self.slots if slot.shared is not None]
@@ -145,7 +146,11 @@ class _Worker:
         self._send(self.conn.send, message)
 
     def send_bytes(self, data):
-        self._send(functools.partial(send_frame, self.conn), data)
+        try:
+            with self.send_lock:
+                send_frame(self.conn, data)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            pass   # as in _send
 
     def send_slot(self, buffer_id, slot):
         """Hand a slot's memory to the worker: a message, then the file
@@ -263,20 +268,26 @@ class _Pool:
             # much as needed to keep every worker busy with the batches in
             # flight.
             n_chunks = min(n, -(-self._n_workers // self._n_prefetch))
-            bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
-            batch = _Batch(self._generation, seq, step, n_chunks, slot,
-                           buffers)
+            generation = self._generation
+            batch = _Batch(generation, seq, step, n_chunks, slot, buffers)
             self._inflight[seq] = batch
             if slot is not None:
                 slot.busy += n_chunks
-                slot.owner = (self._generation, seq)
-            sends = [self._assign(Task(
-                self._generation, seq, chunk, a, step.indices[a:b],
-                _state.cut_spans(step.spans, a, b),
-                -1 if slot is None else slot.index,
-                -1 if buffers is None else buffers.id, seed))
-                for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-            generation = self._generation
+                slot.owner = (generation, seq)
+            slot_index = -1 if slot is None else slot.index
+            buffer_id = -1 if buffers is None else buffers.id
+            if n_chunks == 1:
+                sends = [self._assign(Task(
+                    generation, seq, 0, 0, step.indices, step.spans,
+                    slot_index, buffer_id, seed))]
+            else:
+                bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
+                sends = [self._assign(Task(
+                    generation, seq, chunk, a, step.indices[a:b],
+                    _state.cut_spans(step.spans, a, b), slot_index,
+                    buffer_id, seed))
+                    for chunk, (a, b) in enumerate(zip(bounds[:-1],
+                                                       bounds[1:]))]
         # Outside the lock, so that the receiver thread is not held up by
         # the system call.  A worker that died meanwhile has its tasks
         # given to a new worker by the receiver thread; this send is lost.
@@ -288,10 +299,13 @@ class _Pool:
         buffers = self._buffers
         if buffers is None:
             return None, None
-        for slot in buffers.allocated():
-            if slot.busy == 0 and (
+        slots = buffers.slots
+        for k in range(buffers.next, buffers.next + len(slots)):
+            slot = slots[k % len(slots)]
+            if slot.shared is not None and slot.busy == 0 and (
                     slot.owner is None or slot.owner[0] != self._generation) \
                     and (slot.exporter is None or slot.exporter() is None):
+                buffers.next = slot.index + 1
                 return slot, buffers
         for slot in buffers.slots:
             if slot.shared is None and not buffers.cannot_allocate:
