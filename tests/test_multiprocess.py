@@ -121,6 +121,48 @@ def test_stacked_mode_equals_concat_examples(method, kind, padding):
             assert_same_arrays(got, expected)
 
 
+class Irregular:
+    """(float32 array of 4, int label), but some examples are not what the
+    first batch showed: a non-contiguous array, a float64 array, a float
+    label, a bool label, a numpy scalar label."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        x = numpy.arange(i, i + 4, dtype=numpy.float32)
+        label = i
+        if i == 5:
+            x = numpy.arange(i, i + 8, dtype=numpy.float32)[::2]
+        elif i == 9:
+            x = x.astype(numpy.float64)
+        elif i == 13:
+            label = 2.5
+        elif i == 14:
+            label = True
+        elif i == 18:
+            label = numpy.int64(18)
+        return x, label
+
+
+def test_stacked_mode_equals_concat_examples_for_irregular_examples(method):
+    with MultiprocessIterator(Irregular(), 4, n_processes=2, shuffle=False,
+                              converter=concat_examples,
+                              start_method=method) as it, \
+            SerialIterator(Irregular(), 4, shuffle=False) as ref, \
+            pytest.warns(chainiter.SharedMemoryWarning,
+                         match='did not match the layout measured from the '
+                               'first batch') as record:
+        for step in range(18):
+            got = next(it)
+            assert_same_arrays(got, concat_examples(next(ref)))
+            if step > 0 and step % 6 in (0, 4, 5):
+                # Batches like the first one still go through shared
+                # memory: the odd ones did not change the layout.
+                assert views_shared_memory(got[0]), step
+    assert len(record) == 1
+
+
 class ShapeShift:
     """Arrays of shape (2, 3), but example 2 is (1, 3) and example 3 is
     (3, 3): together they have the rows of two regular examples."""

@@ -275,6 +275,24 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
+def mismatch(old, new):
+    """How the stacked layout ``new`` (measured from a later batch) differs
+    from ``old`` in anything but the room of padded fields, or None."""
+    if old.structure != new.structure or \
+            [f.key for f in old.fields] != [f.key for f in new.fields]:
+        return 'the structure of the examples'
+    for i, (a, b) in enumerate(zip(old.fields, new.fields)):
+        name = 'the field' if a.key is None else 'field {!r}'.format(a.key)
+        if a.dtype != b.dtype:
+            return '{}: dtype {} where the first batch had {}'.format(
+                name, numpy.dtype(b.dtype), numpy.dtype(a.dtype))
+        if len(a.capacity) != len(b.capacity) or (
+                i not in old.padded and a.capacity != b.capacity):
+            return '{}: shape {} where the first batch had {}'.format(
+                name, b.capacity, a.capacity)
+    return None
+
+
 def widen(layout, batch, batch_size, example_bytes):
     """``layout`` with its padded fields lengthened (along their first
     dimension, all by the same factor) so that one example's row takes at

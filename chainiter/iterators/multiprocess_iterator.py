@@ -703,6 +703,7 @@ class MultiprocessIterator(DatasetIterator):
         self.converter = converter
         self._stacked, self._padding = _stacking_padding(converter)
         self._warned_size = False
+        self._warned_mismatch = False
         self._cannot_grow = False
 
         ctx = multiprocessing.get_context(start_method)
@@ -779,6 +780,14 @@ class MultiprocessIterator(DatasetIterator):
                                          self._padding, capacities)
             if new is None and layout is not None:
                 return   # the batch cannot be stacked; keep the layout
+            if new is not None and layout is not None and \
+                    layout.mode == 'stacked':
+                how = _layout.mismatch(layout, new)
+                if how is not None:
+                    # Not a matter of room: switching layouts would only
+                    # make the batches like the first one miss in turn.
+                    self._warn_mismatch(how)
+                    return
             if new is not None and layout is None and self.shared_mem:
                 new = _layout.widen(new, examples, self.batch_size,
                                     self.shared_mem)
@@ -813,6 +822,18 @@ class MultiprocessIterator(DatasetIterator):
             warnings.warn('the shared-memory buffers could not be enlarged, '
                           'so larger examples keep coming by copy: {}'.format(
                               e), SharedMemoryWarning, stacklevel=4)
+
+    def _warn_mismatch(self, how):
+        if self._warned_mismatch:
+            return
+        self._warned_mismatch = True
+        warnings.warn(
+            'a batch did not match the layout measured from the first batch '
+            '({}), so the main process stacked it from copies, which is '
+            'slower; every such batch is. Give every example the same '
+            'dtypes and shapes (e.g. make every label an int) to have the '
+            'workers stack it in shared memory'.format(how),
+            SharedMemoryWarning, stacklevel=5)
 
     def finalize(self):
         super().finalize()
