@@ -524,3 +524,32 @@ def test_slots_are_reused_once_the_user_lets_go(method, converter):
         for _ in range(6):
             batch = next(it)
             assert all(views_shared_memory(a) for a in arrays(batch))
+
+
+class Numbers:
+    """Example i is the int i: no arrays, so every batch travels through
+    the pipe, as a large message when the batch is large."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_large_tasks_and_results_with_deep_prefetch(method):
+    # Tasks of 20,000 indices fill a socket buffer in a few messages, and
+    # so do the results.  While finished batches wait for the consumer the
+    # receiver thread rests; a send that might block must wake it, or the
+    # worker (writing a result) and next() (sending a task) wait on each
+    # other for ever.
+    with MultiprocessIterator(Numbers(100000), 20000, n_processes=1,
+                              n_prefetch=8, shuffle=False,
+                              start_method=method) as it:
+        for step in range(12):
+            batch = next(it)
+            start = step % 5 * 20000
+            assert batch == list(range(start, start + 20000))

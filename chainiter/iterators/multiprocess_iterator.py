@@ -32,6 +32,7 @@ import os
 import pickle
 import queue
 import selectors
+import socket
 import threading
 import time
 import traceback
@@ -69,9 +70,17 @@ _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
 _MAX_DEATHS_PER_BATCH = 3
 # The receiver thread rests while this many batches wait for the consumer,
 # until fewer than _READY_LOW do: results then pile up in the pipes and one
-# wake-up reads several, instead of one wake-up per result.
+# wake-up reads several, instead of one wake-up per result.  It is woken
+# before a task is sent that might not fit in the worker's socket buffer:
+# the worker may be blocked writing a result only the receiver reads.
 _READY_HIGH = 4
 _READY_LOW = 2
+
+
+def _send_cost(task):
+    """More than the bytes a task takes in a socket buffer: the kernel
+    counts about twice the payload, plus a fixed overhead per message."""
+    return 16 * len(task.indices) + 1024
 _GROWTH = 1.25                # buffers grow at least by this factor
 
 
@@ -139,6 +148,11 @@ class _Worker:
         self.send_lock = threading.Lock()
         self.outstanding = {}  # (seq, chunk) -> Task
         self.sent = 0
+        self.queued = 0        # _send_cost of the outstanding tasks
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            # Tasks up to this much never block a send (see _READY_HIGH).
+            self.room = sock.getsockopt(socket.SOL_SOCKET,
+                                        socket.SO_SNDBUF) // 2
 
     def send(self, message):
         """Send, ignoring a worker that has just died: its sentinel tells
@@ -254,6 +268,7 @@ class _Pool:
         worker = min(workers, key=lambda w: len(w.outstanding))
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
+        worker.queued += _send_cost(task)
         return functools.partial(worker.send_bytes, encode_task(task))
 
     # ---- the main thread's side -------------------------------------------
@@ -288,6 +303,9 @@ class _Pool:
                     buffer_id, seed))
                     for chunk, (a, b) in enumerate(zip(bounds[:-1],
                                                        bounds[1:]))]
+            blocking = self._send_may_block()
+        if blocking and not self._wanted.is_set():
+            self._wanted.set()
         # Outside the lock, so that the receiver thread is not held up by
         # the system call.  A worker that died meanwhile has its tasks
         # given to a new worker by the receiver thread; this send is lost.
@@ -416,12 +434,12 @@ class _Pool:
         watched = {}
         try:
             while not self._stop.is_set():
-                if self._ready.qsize() >= _READY_HIGH:
-                    # Only next() takes from the queue, and it sets the
-                    # event when the queue runs short: clear, then look
-                    # again, so that no such wake-up is lost.
+                if self._may_rest():
+                    # next() sets the event when the queue runs short or
+                    # a send might block: clear, then look again, so that
+                    # no such wake-up is lost.
                     self._wanted.clear()
-                    if self._ready.qsize() >= _READY_HIGH:
+                    if self._may_rest():
                         self._wanted.wait(_RECEIVER_POLL_S)
                         continue
                 workers = self._workers
@@ -459,6 +477,13 @@ class _Pool:
         finally:
             selector.close()
 
+    def _send_may_block(self):
+        return any(w.queued > w.room for w in self._workers)
+
+    def _may_rest(self):
+        return self._ready.qsize() >= _READY_HIGH and \
+            not self._send_may_block()
+
     def _receive(self, worker):
         """Read the results waiting in the worker's pipe."""
         try:
@@ -474,6 +499,7 @@ class _Pool:
         task = worker.outstanding.pop((seq, chunk), None)
         if task is None:
             return
+        worker.queued -= _send_cost(task)
         self._release_chunk(task)
         if generation != self._generation:
             return
@@ -577,6 +603,10 @@ class _Pool:
         workers = list(self._workers)
         for worker in workers:
             try:
+                # Without waiting: a worker whose socket is full (it may be
+                # blocked writing a result no one reads now) is terminated
+                # below instead.
+                os.set_blocking(worker.conn.fileno(), False)
                 worker.send(None)   # exit after the task at hand
             except OSError:
                 pass
