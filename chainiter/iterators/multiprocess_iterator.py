@@ -22,6 +22,11 @@ measures the sizes, then the layout is sent to the running workers and each
 slot's file descriptor follows over the worker's own socket.  Every task
 carries a generation number; ``reset()``, loading a snapshot and an
 exception bump it, and results of older generations are dropped.
+
+The receiver thread rests while several finished batches wait for the
+consumer (results pile up in the pipes and one wake-up reads them all),
+unless a task that ``next()`` sends might not fit in a worker's socket
+buffer: that worker may be blocked writing a result only the receiver reads.
 """
 
 import ctypes
