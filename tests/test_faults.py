@@ -1,6 +1,7 @@
 """Fault injection: every fault ends in the right batches or a clear error,
 promptly, with no process and no shared-memory file left behind."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -74,15 +75,20 @@ def test_death_is_detected_within_seconds(method, tmp_path):
 
 def test_death_while_finished_batches_wait_for_the_consumer(method,
                                                             tmp_path):
-    # Deep prefetch and an idle consumer: finished batches pile up, so the
-    # receiver thread rests until the consumer needs more, and only then
-    # notices the death.  Nothing may be lost, duplicated or reordered.
+    # Deep prefetch and an idle consumer: finished batches pile up and the
+    # receiver thread rests, yet it notices the death within seconds (a
+    # new worker starts).  Nothing may be lost, duplicated or reordered.
     once = str(tmp_path / 'happened')
     dataset = Faulty(24, bad=5, fault='sigkill', once_file=once)
     with MultiprocessIterator(dataset, 1, n_processes=2, n_prefetch=8,
                               shuffle=False, start_method=method) as it:
         assert int(next(it)[0][0]) == 0
+        first = {p.pid for p in multiprocessing.active_children()}
         assert wait_for_file(once, timeout=30)
+        deadline = time.monotonic() + 10
+        while not {p.pid for p in multiprocessing.active_children()} - first:
+            assert time.monotonic() < deadline, 'the death went unnoticed'
+            time.sleep(0.01)   # polling with a deadline
         with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
             got = [int(next(it)[0][0]) for _ in range(47)]
     assert got == list(range(1, 24)) + list(range(24))

@@ -442,10 +442,12 @@ class _Pool:
                 if self._may_rest():
                     # next() sets the event when the queue runs short or
                     # a send might block: clear, then look again, so that
-                    # no such wake-up is lost.
+                    # no such wake-up is lost.  Every _RECEIVER_POLL_S it
+                    # looks at the pipes and sentinels once all the same,
+                    # so that a death is noticed within seconds.
                     self._wanted.clear()
-                    if self._may_rest():
-                        self._wanted.wait(_RECEIVER_POLL_S)
+                    if self._may_rest() and \
+                            self._wanted.wait(_RECEIVER_POLL_S):
                         continue
                 workers = self._workers
                 if set(watched) != set(workers):
