@@ -94,6 +94,41 @@ def test_death_while_finished_batches_wait_for_the_consumer(method,
     assert got == list(range(1, 24)) + list(range(24))
 
 
+class LargeBatches:
+    """Example i is 100 bytes naming i (no arrays: batches travel through
+    the pipe); loading example ``bad`` kills the worker, once."""
+
+    def __init__(self, n, bad, once_file):
+        self.n, self.bad, self.once_file = n, bad, once_file
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            try:
+                open(self.once_file, 'x').close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
+        return str(i).encode().ljust(100)
+
+
+def test_death_with_large_tasks_and_results(method, tmp_path):
+    # The dead worker's tasks (20,000 indices each) go to its replacement,
+    # whose results (2 MB each) only the receiver thread reads: that thread
+    # must not be the one waiting to send the tasks.
+    dataset = LargeBatches(100000, 50000, str(tmp_path / 'happened'))
+    with MultiprocessIterator(dataset, 20000, n_processes=1, n_prefetch=8,
+                              shuffle=False, start_method=method) as it:
+        with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
+            for step in range(10):
+                batch = next(it)
+                start = step % 5 * 20000
+                assert batch[0] == str(start).encode().ljust(100)
+                assert len(batch) == 20000
+
+
 def test_batch_that_keeps_killing_workers_raises(method):
     dataset = Faulty(12, bad=6, fault='sigkill')
     with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,

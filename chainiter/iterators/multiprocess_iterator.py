@@ -82,6 +82,11 @@ _READY_HIGH = 4
 _READY_LOW = 2
 
 
+# Put in the ready queue to have next() make the sends the receiver thread
+# deferred to it.
+_SEND_DEFERRED = object()
+
+
 def _send_cost(task):
     """More than the bytes a task takes in a socket buffer: the kernel
     counts about twice the payload, plus a fixed overhead per message."""
@@ -165,11 +170,7 @@ class _Worker:
         self._send(self.conn.send, message)
 
     def send_bytes(self, data):
-        try:
-            with self.send_lock:
-                send_frame(self.conn, data)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            pass   # as in _send
+        self._send(functools.partial(send_frame, self.conn), data)
 
     def send_slot(self, buffer_id, slot):
         """Hand a slot's memory to the worker: a message, then the file
@@ -183,9 +184,16 @@ class _Worker:
     def _send(self, send, message):
         try:
             with self.send_lock:
-                send(message)
+                if not self.conn.closed:
+                    send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError):
             pass   # the worker is dead or dying
+
+    def close(self):
+        """Close the pipe; under the send lock, so that a send made by
+        another thread never writes to a closed (or reused) descriptor."""
+        with self.send_lock:
+            self.conn.close()
 
 
 class _Pool:
@@ -216,6 +224,7 @@ class _Pool:
         self._next_worker_id = 0
         self._buffers = None
         self._events = []        # warnings to raise in the main thread
+        self._deferred = []      # sends for the main thread to make
         self._closed = False
         self._stop = threading.Event()
         self._wanted = threading.Event()
@@ -373,11 +382,20 @@ class _Pool:
             if not self._wanted.is_set() and \
                     self._ready.qsize() < _READY_LOW:
                 self._wanted.set()
+            if batch is _SEND_DEFERRED:
+                self._send_deferred()
+                continue
             if isinstance(batch, BaseException):
                 raise batch
             if batch.generation == generation and batch.seq == seq:
                 self._raise_events()
                 return batch
+
+    def _send_deferred(self):
+        with self._lock:
+            sends, self._deferred = self._deferred, []
+        for send in sends:
+            send()
 
     def _raise_events(self):
         if not self._events:
@@ -454,7 +472,7 @@ class _Pool:
                     for worker in set(watched) - set(workers):
                         for obj in watched.pop(worker):
                             selector.unregister(obj)
-                        worker.conn.close()
+                        worker.close()
                     for worker in set(workers) - set(watched):
                         selector.register(worker.conn, selectors.EVENT_READ,
                                           (worker, False))
@@ -592,7 +610,11 @@ class _Pool:
                     continue      # failed above
                 if task.slot >= 0 and batch.slot is not None:
                     batch.slot.busy += 1
-                self._assign(task)()
+                # Sent by next(): this thread must never wait on a worker
+                # that may itself wait for this thread to read its results.
+                self._deferred.append(self._assign(task))
+            if self._deferred:
+                self._ready.put(_SEND_DEFERRED)
             while len(self._accepting()) < self._n_workers:
                 self._start_worker()
 
@@ -617,7 +639,7 @@ class _Pool:
                 worker.send(None)   # exit after the task at hand
             except OSError:
                 pass
-            worker.conn.close()
+            worker.close()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for worker in workers:
             worker.process.join(max(0.0, deadline - time.monotonic()))
