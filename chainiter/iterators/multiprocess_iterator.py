@@ -224,7 +224,8 @@ class _Pool:
         self._next_worker_id = 0
         self._buffers = None
         self._events = []        # warnings to raise in the main thread
-        self._deferred = []      # sends for the main thread to make
+        # Sends that next() makes outside the lock (see submit).
+        self._deferred = []
         self._closed = False
         self._stop = threading.Event()
         self._wanted = threading.Event()
@@ -318,11 +319,15 @@ class _Pool:
                     for chunk, (a, b) in enumerate(zip(bounds[:-1],
                                                        bounds[1:]))]
             blocking = self._send_may_block()
+            if self._deferred:   # new slots first, then the tasks
+                sends = self._deferred + sends
+                self._deferred = []
         if blocking and not self._wanted.is_set():
             self._wanted.set()
-        # Outside the lock, so that the receiver thread is not held up by
-        # the system call.  A worker that died meanwhile has its tasks
-        # given to a new worker by the receiver thread; this send is lost.
+        # Outside the lock: a send may wait for a worker that waits for the
+        # receiver thread to read its results, and that thread needs the
+        # lock.  A worker that died meanwhile has its tasks given to a new
+        # worker by the receiver thread; this send is lost.
         for send in sends:
             send()
         return generation, seq
@@ -355,8 +360,9 @@ class _Pool:
 
     def _allocate(self, buffers, slot):
         slot.shared = SharedBuffer.allocate(buffers.layout.slot_bytes)
-        for worker in self._workers:
-            worker.send_slot(buffers.id, slot)
+        for worker in self._workers:   # sent by submit, before the task
+            self._deferred.append(functools.partial(
+                worker.send_slot, buffers.id, slot))
 
     def wait(self, handle, timeout):
         """The finished ``_Batch`` of ``handle``; warns every ``timeout``
@@ -435,10 +441,13 @@ class _Pool:
             new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
             self._buffers = new
             for worker in self._workers:
-                worker.send(('layout', new.id, layout))
-                worker.send_slot(new.id, new.slots[0])
+                self._deferred.append(functools.partial(
+                    worker.send, ('layout', new.id, layout)))
+                self._deferred.append(functools.partial(
+                    worker.send_slot, new.id, new.slots[0]))
             if old is not None:
                 old.close()
+        self._send_deferred()
 
     @property
     def layout(self):
