@@ -73,6 +73,7 @@ from chainiter.iterators._worker import (
 _JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
 _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
 _MAX_DEATHS_PER_BATCH = 3
+_GROWTH = 1.25                # buffers grow at least by this factor
 # The receiver thread rests while this many batches wait for the consumer,
 # until fewer than _READY_LOW do: results then pile up in the pipes and one
 # wake-up reads several, instead of one wake-up per result.  It is woken
@@ -91,7 +92,6 @@ def _send_cost(task):
     """More than the bytes a task takes in a socket buffer: the kernel
     counts about twice the payload, plus a fixed overhead per message."""
     return 16 * len(task.indices) + 1024
-_GROWTH = 1.25                # buffers grow at least by this factor
 
 
 def _stacking_padding(converter):
