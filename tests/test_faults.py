@@ -95,23 +95,15 @@ def test_death_while_finished_batches_wait_for_the_consumer(method,
     assert got == list(range(1, 24)) + list(range(24))
 
 
-class LargeBatches:
+class LargeBatches(Faulty):
     """Example i is 100 bytes naming i (no arrays: batches travel through
     the pipe); loading example ``bad`` kills the worker, once."""
 
     def __init__(self, n, bad, once_file):
-        self.n, self.bad, self.once_file = n, bad, once_file
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, bad, 'sigkill', once_file)
 
     def __getitem__(self, i):
-        if i == self.bad:
-            try:
-                open(self.once_file, 'x').close()
-                os.kill(os.getpid(), signal.SIGKILL)
-            except FileExistsError:
-                pass
+        super().__getitem__(i)     # the kill
         return str(i).encode().ljust(100)
 
 

@@ -385,7 +385,7 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
             try:
                 if type(first) is numpy.ndarray and \
                         field.row_bytes <= _JOIN_BYTES:
-                    # Arrays (or numpy scalars, as concat_examples takes
+                    # Arrays (numpy scalars too, as concat_examples takes
                     # them) of exactly the field's dtype and shape: one
                     # copy of all their bytes is far cheaper per example
                     # than concatenate or stack.
@@ -400,7 +400,8 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                     else:
                         dst.reshape(-1)[...] = numpy.frombuffer(
                             data, dtype=dst.dtype)
-                elif type(first) is numpy.ndarray and field.capacity:
+                elif type(first) is numpy.ndarray:
+                    # Rows this large have a shape (a 0-d row is one item).
                     # concatenate is far cheaper than stack, and it checks
                     # every dimension but the first: check that one (and
                     # the number of dimensions) first.
@@ -410,8 +411,6 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                     numpy.concatenate(
                         column, out=dst.reshape((-1,) + field.capacity[1:]),
                         casting='no')
-                elif type(first) is numpy.ndarray:
-                    numpy.stack(column, out=dst, casting='no')
                 elif set(map(type, column)) == {_PLAIN.get(field.dtype)}:
                     dst[...] = column   # Python ints or floats, unconverted
                 else:
