@@ -56,10 +56,13 @@ def test_prefetcher_no_repeat_ends():
 
 def test_prefetcher_reset():
     with DevicePrefetcher(SerialIterator(list(range(7)), 2, seed=0)) as it:
-        first = [next(it).tolist() for _ in range(3)]
+        [next(it) for _ in range(3)]
         it.reset()
         assert it.epoch == 0 and it.current_position == 0
-        assert [next(it).tolist() for _ in range(3)] == first
+        got = [next(it).tolist() for _ in range(3)]
+    with SerialIterator(list(range(7)), 2, seed=0) as plain:
+        plain.reset()       # the same new pass as the wrapped iterator's
+        assert got == [next(plain) for _ in range(3)]
 
 
 @pytest.mark.parametrize('depth', [1, 3])

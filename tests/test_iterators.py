@@ -115,13 +115,19 @@ def test_shuffle_order_sampler_is_repeatable(make):
     assert sorted(sum(run()[:4], [])[:10]) == list(range(10))
 
 
-def test_reset_at_any_time_starts_over(make):
-    with make(list(range(7)), 3, seed=2) as it:
-        first = [next(it) for _ in range(4)]
-        it.reset()
-        assert (it.epoch, it.current_position, it.is_new_epoch) == (0, 0, False)
-        assert it.previous_epoch_detail is None
-        assert [next(it) for _ in range(4)] == first
+def test_reset_at_any_time_starts_a_new_pass_with_a_new_order(make):
+    def run():
+        with make(list(range(7)), 3, seed=2) as it:
+            first = [next(it) for _ in range(4)]
+            it.reset()
+            assert (it.epoch, it.current_position, it.is_new_epoch) == (
+                0, 0, False)
+            assert it.previous_epoch_detail is None
+            return first, [next(it) for _ in range(4)]
+    first, second = run()
+    assert first != second                  # Chainer draws a new order
+    assert sorted(sum(second[:2], []) + second[2][:1]) == list(range(7))
+    assert run() == (first, second)         # and the seed still decides it
 
 
 def test_reset_after_stop_iteration(make):
@@ -250,8 +256,8 @@ def test_not_a_dataset(make):
         make(iter([1, 2]), 1)
 
 
-@pytest.mark.parametrize('order', [[0, 1], [0, 1, 2, 5], [0, 1, -1]],
-                         ids=['short', 'long', 'out-of-range'])
+@pytest.mark.parametrize('order', [[0, 1, 2, 5], [0, 1, -1], [[0, 1, 2]]],
+                         ids=['too-large', 'negative', '2-d'])
 def test_sampler_with_bad_order(make, order):
     with pytest.raises(ValueError, match='order sampler'):
         make(list(range(3)), 1, order_sampler=lambda o, p: numpy.array(order))

@@ -26,7 +26,7 @@ from chainiter.iterators import _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize``.
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2
 
 
 class Iterator:
@@ -114,6 +114,7 @@ class DatasetIterator(Iterator):
         self._shuffle = order_sampler is None and (
             shuffle is None or bool(shuffle))
         self._seed = order_samplers.check_seed(seed)
+        self._resets = 0
         if self._repeat and len(dataset) == 0:
             raise ValueError(
                 'the dataset is empty, so an iterator with repeat=True would '
@@ -139,8 +140,8 @@ class DatasetIterator(Iterator):
         self._pending.clear()
 
     def _load_batch(self, step):
-        return _context.load_examples(self.dataset, step.indices, self._seed,
-                                      step.spans, [])
+        return _context.load_examples(self.dataset, step.indices,
+                                      self._pass_seed, step.spans, [])
 
     # ---- state -----------------------------------------------------------
 
@@ -152,7 +153,7 @@ class DatasetIterator(Iterator):
             return _state.IteratorState(0, 0, False, order,
                                         sampler_state=self._capture_sampler())
         if self._shuffle:
-            order = order_samplers.seeded_order(self._seed, 0, n)
+            order = order_samplers.seeded_order(self._pass_seed, 0, n)
             order.flags.writeable = False
             return _state.IteratorState(0, 0, False, order)
         return _state.IteratorState(0, 0, False, None)
@@ -161,7 +162,8 @@ class DatasetIterator(Iterator):
         if self.order_sampler is not None:
             return (self.order_sampler(order, position),
                     self._capture_sampler())
-        return order_samplers.seeded_order(self._seed, epoch, len(order)), None
+        return order_samplers.seeded_order(
+            self._pass_seed, epoch, len(order)), None
 
     def _capture_sampler(self):
         serialize = getattr(self.order_sampler, 'serialize', None)
@@ -208,6 +210,7 @@ class DatasetIterator(Iterator):
         self._dispatch_until(1)
         state, handle = self._pending[0]
         if handle is None:
+            self._state = state     # Chainer updates previous_epoch_detail
             raise StopIteration
         if isinstance(handle, _Failed):
             self._rewind()
@@ -230,9 +233,16 @@ class DatasetIterator(Iterator):
                     type(self).__name__))
 
     def reset(self):
-        """Go back to the start of epoch 0 (allowed at any time)."""
+        """Start a new pass at epoch 0 (allowed at any time).
+
+        As in Chainer, the new pass has a new order: an order sampler is
+        asked for one, and a seeded shuffle draws the orders of the
+        ``k``-th reset from ``(seed, k)`` (and so does ``example_rng()``),
+        so runs stay repeatable and a snapshot (which holds ``k``) resumes.
+        """
         self._check_alive()
         self._rewind()
+        self._resets += 1
         self._state = self._ahead = self._initial_state()
 
     def finalize(self):
@@ -246,6 +256,12 @@ class DatasetIterator(Iterator):
     @property
     def seed(self):
         return self._seed
+
+    @property
+    def _pass_seed(self):
+        """The seed of the current pass: ``seed`` until the first
+        ``reset()``, then one derived from ``(seed, resets)``."""
+        return order_samplers.pass_seed(self._seed, self._resets)
 
     @property
     def epoch(self):
@@ -291,6 +307,7 @@ class DatasetIterator(Iterator):
             serializer('order', state.order)
         serializer('previous_epoch_detail', state.previous_epoch_detail)
         serializer('seed', self._seed)
+        serializer('reset_count', self._resets)
         serializer('dataset_length', len(self.dataset))
         if state.sampler_state is not None:
             child = serializer['order_sampler']
@@ -346,26 +363,40 @@ class DatasetIterator(Iterator):
                     'the snapshot holds a shuffled order, but this iterator '
                     'does not shuffle; build it with shuffle=True (or the '
                     'same order_sampler) to load it')
-            if len(order) != n:
+            # An order sampler's epoch may be longer or shorter than the
+            # dataset; a seeded shuffle's is a permutation of it.
+            if self._shuffle and len(order) != n:
                 raise SnapshotMismatchError(
                     'the snapshot was written for a dataset of length {} '
                     '(its order has {} entries), but this iterator\'s dataset '
                     'has length {}'.format(len(order), len(order), n))
-            order = _state.check_order(order, n)
-        if not 0 <= position <= n or epoch < 0:
+            try:
+                order = _state.check_order(order, n)
+            except ValueError as e:
+                raise SnapshotMismatchError(
+                    'the snapshot\'s order does not fit this iterator\'s '
+                    'dataset of length {}: {}'.format(n, e)) from e
+        size = n if order is None else len(order)
+        if not 0 <= position <= size or epoch < 0:
             raise SnapshotMismatchError(
                 'the snapshot position (epoch {}, position {}) does not fit '
-                'a dataset of length {}'.format(epoch, position, n))
+                'an epoch of {} examples'.format(epoch, position, size))
         seed = read('seed')
         if seed is not None:
-            self._seed = order_samplers.check_seed(int(seed))
+            seed = order_samplers.check_seed(int(seed))
+        resets = read('reset_count')
+        resets = 0 if resets is None else int(resets)
+        if resets < 0:
+            raise SnapshotMismatchError(
+                'the snapshot has reset_count {}; it must be >= 0'.format(
+                    resets))
         previous = read('previous_epoch_detail')
         if previous is not None:
             previous = float(previous)
         else:
             # Snapshots of old Chainer versions lack it; guess as Chainer does.
-            previous = epoch + (position - self.batch_size) / max(n, 1)
-            if epoch + position / max(n, 1) > 0:
+            previous = epoch + (position - self.batch_size) / max(size, 1)
+            if epoch + position / max(size, 1) > 0:
                 previous = max(previous, 0.0)
             else:
                 previous = _state.NO_PREVIOUS_EPOCH_DETAIL
@@ -377,6 +408,9 @@ class DatasetIterator(Iterator):
                 pass  # written without sampler state (e.g. by Chainer)
             sampler_state = self._capture_sampler()
         self._drop_pending()
+        if seed is not None:
+            self._seed = seed
+        self._resets = resets
         self._state = self._ahead = _state.IteratorState(
             position, epoch, is_new_epoch, order, previous, sampler_state)
 

@@ -91,6 +91,9 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
     i, epoch, _, order, _, sampler_state = state
     n = dataset_len if order is None else len(order)
     if not repeat and (epoch > 0 or n == 0):
+        # Chainer sets previous_epoch_detail on the call that stops, too.
+        if n:
+            state = state._replace(previous_epoch_detail=epoch + i / n)
         return state, None
     if n == 0:
         raise ValueError(
@@ -105,7 +108,7 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         parts.append((epoch, i, n, order))
         if order is not None:
             order, sampler_state = next_order(order, i, epoch + 1)
-            order = check_order(order, n)
+            order = check_order(order, dataset_len, n)
         i = 0
         i_end = i_end - n if repeat else 0
         epoch += 1
@@ -129,17 +132,26 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
     return new_state, Step(indices, spans)
 
 
-def check_order(order, dataset_len):
+def check_order(order, dataset_len, epoch_size=None):
     """Validate an order produced by an order sampler; return it as an
-    immutable intp array."""
+    immutable intp array.
+
+    An order may have any length (an epoch is ``len(order)`` examples long:
+    oversampling, class balancing), but every later epoch's order must be as
+    long as the first (``epoch_size``), as in Chainer.
+    """
     order = numpy.array(order, dtype=numpy.intp, copy=True)
-    if order.ndim != 1 or len(order) != dataset_len:
+    if order.ndim != 1:
         raise ValueError(
-            'the order sampler returned an order of shape {}, but the '
-            'dataset has length {}; an order sampler must return a 1-d '
-            'permutation of length len(dataset)'.format(
-                order.shape, dataset_len))
-    if dataset_len and (order.min() < 0 or order.max() >= dataset_len):
+            'the order sampler returned an order of shape {}; an order '
+            'sampler must return a 1-d array of dataset indices'.format(
+                order.shape))
+    if epoch_size is not None and len(order) != epoch_size:
+        raise ValueError(
+            'the order sampler returned an order of length {}, but the '
+            'previous order had length {}: the size of order must not change '
+            'between epochs'.format(len(order), epoch_size))
+    if len(order) and (order.min() < 0 or order.max() >= dataset_len):
         raise ValueError(
             'the order sampler returned indices out of range [0, {}): '
             'min {}, max {}'.format(dataset_len, order.min(), order.max()))

@@ -796,7 +796,7 @@ class MultiprocessIterator(DatasetIterator):
     # ---- transport ----------------------------------------------------------
 
     def _submit(self, step):
-        return self._pool.submit(step, self._seed)
+        return self._pool.submit(step, self._pass_seed)
 
     def _drop_pending(self):
         if self._pool is not None:

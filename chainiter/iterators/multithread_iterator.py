@@ -34,7 +34,7 @@ class MultithreadIterator(DatasetIterator):
 
     def _submit(self, step):
         submit, load = self._pool.submit, _context.load_example
-        dataset, seed = self.dataset, self._seed
+        dataset, seed = self.dataset, self._pass_seed
         keys = ((e, p) for e, a, b in step.spans for p in range(a, b))
         return [submit(load, dataset, i, seed, e, p)
                 for i, (e, p) in zip(step.indices.tolist(), keys)]

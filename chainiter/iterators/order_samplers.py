@@ -17,6 +17,7 @@ import numpy
 # the per-example generators of one seed never share a stream.
 _ORDER_STREAM = 0
 _EXAMPLE_STREAM = 1
+_RESET_STREAM = 2
 
 
 class OrderSampler:
@@ -72,6 +73,16 @@ def check_seed(seed):
         raise ValueError(
             'seed must be an int in [0, 2**63) or None, got {!r}'.format(seed))
     return int(seed)
+
+
+def pass_seed(seed, resets):
+    """The seed of the pass after the ``resets``-th ``reset()``: ``seed``
+    itself before the first, then a pure function of ``(seed, resets)``."""
+    if resets == 0:
+        return seed
+    words = numpy.random.SeedSequence(
+        [seed, _RESET_STREAM, resets]).generate_state(2, numpy.uint64)
+    return int(words[0]) >> 1
 
 
 def seeded_order(seed, epoch, n):

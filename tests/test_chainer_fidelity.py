@@ -1,0 +1,173 @@
+"""Chainer 7's behaviours that Chainer code relies on, for every iterator
+kind (the multiprocess one under every start method).  The differential
+tests against a real Chainer are in test_chainer_differential.py."""
+
+import copy
+import functools
+import io
+import pickle
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
+
+import helpers
+from helpers import START_METHODS, AugmentedDataset, fingerprint
+
+KINDS = dict(
+    [('serial', SerialIterator),
+     ('thread', functools.partial(MultithreadIterator, n_threads=2))]
+    + [('mp-' + m, functools.partial(MultiprocessIterator, n_processes=2,
+                                     start_method=m))
+       for m in START_METHODS])
+
+
+@pytest.fixture(params=list(KINDS))
+def make(request):
+    return KINDS[request.param]
+
+
+def attributes(it):
+    return (it.epoch, it.current_position, it.is_new_epoch, it.epoch_detail,
+            it.previous_epoch_detail)
+
+
+# ---- previous_epoch_detail on the stopping call ---------------------------
+
+def test_previous_epoch_detail_is_updated_by_the_stopping_call(make):
+    with make(list(range(5)), 2, repeat=False, shuffle=False) as it:
+        assert [next(it) for _ in range(3)] == [[0, 1], [2, 3], [4]]
+        assert it.previous_epoch_detail == pytest.approx(4 / 5)
+        assert it.epoch_detail == 1.0
+        with pytest.raises(StopIteration):
+            next(it)
+        # Chainer sets it to the final epoch_detail before stopping.
+        assert it.previous_epoch_detail == it.epoch_detail == 1.0
+        with pytest.raises(StopIteration):
+            next(it)
+        assert it.previous_epoch_detail == 1.0
+
+
+# ---- order samplers whose order is not len(dataset) long ------------------
+
+class Oversample:
+    """Every example twice, in a fixed order (Chainer's test of the epoch
+    size), counting its calls."""
+
+    def __call__(self, order, position):
+        return numpy.repeat(numpy.arange(3), 2)
+
+
+class Balanced:
+    """A stateful sampler with an order of 8 indices into a dataset of 5:
+    index 0 (a rare class) four times, the others once."""
+
+    def __init__(self, seed):
+        self.random = numpy.random.RandomState(seed)
+
+    def __call__(self, order, position):
+        return self.random.permutation([0, 0, 0, 0, 1, 2, 3, 4])
+
+    def serialize(self, serializer):
+        chainiter.ShuffleOrderSampler(self.random).serialize(serializer)
+
+
+def test_epoch_is_as_long_as_the_order(make):
+    with make([1, 2, 3], 2, order_sampler=Oversample()) as it:
+        assert it.epoch_size == 6
+        for epoch in range(2):
+            batches = [next(it) for _ in range(3)]
+            assert sorted(sum(batches, [])) == [1, 1, 2, 2, 3, 3]
+            assert it.is_new_epoch and it.epoch == epoch + 1
+            assert it.epoch_detail == epoch + 1
+            assert it.previous_epoch_detail == pytest.approx(epoch + 4 / 6)
+        next(it)
+        assert it.current_position == 2
+        assert it.epoch_detail == pytest.approx(2 + 2 / 6)
+
+
+def test_no_repeat_epoch_as_long_as_the_order(make):
+    with make([1, 2, 3], 4, repeat=False, order_sampler=Oversample()) as it:
+        assert list(it) == [[1, 1, 2, 2], [3, 3]]
+        assert it.previous_epoch_detail == 1.0
+
+
+def test_an_order_of_another_length_later_is_a_value_error(make):
+    lengths = iter([6, 6, 5])
+
+    def sampler(order, position):
+        return numpy.arange(next(lengths)) % 3
+
+    with make([1, 2, 3], 3, order_sampler=sampler) as it:
+        next(it)
+        next(it)        # the second epoch's order: still 6 long
+        next(it)
+        with pytest.raises(ValueError, match='size of order'):
+            next(it)    # the third epoch's order has 5
+        assert it.epoch == 1 and it.current_position == 3
+
+
+def test_oversampled_snapshots_resume_exactly():
+    dataset = AugmentedDataset(5)
+    helpers.assert_resume_equivalent(
+        lambda: SerialIterator(dataset, 3, order_sampler=Balanced(7), seed=1),
+        [lambda: SerialIterator(dataset, 3, order_sampler=Balanced(0)),
+         lambda: MultithreadIterator(dataset, 3, order_sampler=Balanced(0),
+                                     n_threads=2),
+         lambda: MultiprocessIterator(dataset, 3, order_sampler=Balanced(0),
+                                      n_processes=2, start_method='fork')],
+        9)
+
+
+def test_oversampled_examples_have_their_own_example_rng(make):
+    # Index 0 comes four times an epoch; each time at its own position, so
+    # with its own augmentation, the same for every kind.
+    dataset = AugmentedDataset(5)
+    with make(dataset, 8, order_sampler=Balanced(3), seed=2) as it:
+        got = [fingerprint(next(it)) for _ in range(3)]
+    with SerialIterator(dataset, 8, order_sampler=Balanced(3), seed=2) as ref:
+        assert got == [fingerprint(next(ref)) for _ in range(3)]
+    with SerialIterator(dataset, 8, order_sampler=Balanced(3), seed=2) as ref:
+        zeros = [x for i, x in next(ref) if i == 0]
+    assert len(zeros) == 4
+    assert len({x.tobytes() for x in zeros}) == 4
+
+
+# ---- reset() draws a new order ---------------------------------------------
+
+def test_per_epoch_idiom_reshuffles_every_pass(make):
+    def passes():
+        with make(list(range(8)), 3, repeat=False, seed=5) as it:
+            out = []
+            for _ in range(4):
+                out.append(tuple(x for batch in it for x in batch))
+                it.reset()
+            return out
+    got = passes()
+    assert all(sorted(p) == list(range(8)) for p in got)
+    assert len(set(got)) == 4           # a new order every pass
+    assert passes() == got              # a pure function of the seed
+
+
+def test_reset_count_is_in_the_snapshot(make):
+    dataset = AugmentedDataset(7)
+    with SerialIterator(dataset, 3, seed=9) as ref:
+        for _ in range(3):
+            next(ref)
+            ref.reset()
+        next(ref)
+        state = ref.state_dict()
+        assert state['reset_count'] == 3
+        expected = [fingerprint(next(ref)) for _ in range(5)]
+    with make(dataset, 3, seed=0) as it:
+        it.load_state_dict(state)
+        assert [fingerprint(next(it)) for _ in range(5)] == expected
+
+
+def test_reset_with_an_order_sampler_asks_it_again(make):
+    with make(list(range(6)), 6, order_sampler=Balanced(1)) as it:
+        first = next(it)
+        it.reset()
+        assert next(it) != first
