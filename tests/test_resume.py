@@ -248,3 +248,18 @@ def test_loads_files_written_by_chainer7(name, kind):
         assert next(it) == [8, 0, 6]
         wrap = next(it)
         assert wrap[:2] == [7, 4] and it.is_new_epoch and it.epoch == 2
+
+
+@pytest.mark.parametrize('kind', KINDS, ids=KIND_IDS)
+def test_loads_unshuffled_file_written_by_chainer7(kind):
+    """Written by chainer.serializers.save_npz (Chainer 7.8.1) from
+    MultithreadIterator(range(10), 3, shuffle=False) after 5 batches: its
+    order is stored as a pickled None (``_order``), which is read without
+    allowing pickles."""
+    path = str(pathlib.Path(__file__).parent / "data" /
+               "chainer7_multithread_iterator_unshuffled.npz")
+    with kind(list(range(10)), 3, shuffle=False) as it:
+        load_npz(path, it)
+        assert (it.epoch, it.current_position, it.is_new_epoch) == (1, 5, False)
+        assert it.previous_epoch_detail == pytest.approx(1.2)
+        assert next(it) == [5, 6, 7]

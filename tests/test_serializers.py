@@ -1,8 +1,11 @@
 import io
+import os
+import zipfile
 
 import numpy
 import pytest
 
+from chainiter import SnapshotMismatchError
 from chainiter.serializers import (
     DictionarySerializer,
     NpzDeserializer,
@@ -74,3 +77,79 @@ def test_path_prefix():
 def test_lossy_cast_is_refused():
     with pytest.raises(TypeError, match='without loss'):
         NpzDeserializer({'count': numpy.asarray(2.5)})('count', 0)
+
+
+class Counter:
+    """An object with Chainer's serialize protocol."""
+
+    def __init__(self, count=0):
+        self.count = count
+
+    def serialize(self, serializer):
+        self.count = serializer('count', self.count)
+
+
+@pytest.mark.parametrize('compression', [True, False])
+@pytest.mark.parametrize('as_path', [False, True], ids=['str', 'Path'])
+def test_save_npz_writes_exactly_the_given_name(tmp_path, compression,
+                                                as_path):
+    # Chainer's trainer names its snapshots 'snapshot_iter_100'.
+    name = tmp_path / 'snapshot_iter_100'
+    save_npz(name if as_path else str(name), Counter(7),
+             compression=compression)
+    assert [p.name for p in tmp_path.iterdir()] == ['snapshot_iter_100']
+    with zipfile.ZipFile(str(name)) as z:
+        kinds = {info.compress_type for info in z.infolist()}
+    assert kinds == {zipfile.ZIP_DEFLATED if compression
+                     else zipfile.ZIP_STORED}
+    loaded = Counter()
+    load_npz(str(name), loaded)
+    assert loaded.count == 7
+
+
+def test_serializer_save_and_deserializer_load():
+    target = {}
+    DictionarySerializer(target).save(Counter(5))
+    assert target == {'count': numpy.asarray(5)}
+    loaded = Counter()
+    NpzDeserializer(target).load(loaded)
+    assert loaded.count == 5
+
+
+def test_none_round_trips_as_none(tmp_path):
+    target = {}
+    assert DictionarySerializer(target)('x', None) is None
+    assert target['x'].dtype == object and target['x'][()] is None
+    deserializer = NpzDeserializer(target)
+    assert deserializer('x', None) is None
+    assert deserializer('x', numpy.zeros(3)) is None    # as Chainer
+    assert deserializer('x', 4) is None
+
+
+def test_none_in_a_file_is_read_without_allowing_pickles(tmp_path):
+    path = str(tmp_path / 'f')
+    with open(path, 'wb') as f:
+        numpy.savez(f, x=None, y=numpy.arange(2))
+    with open(path, 'rb') as f, numpy.load(f, allow_pickle=False) as npz:
+        deserializer = NpzDeserializer(npz)
+        assert deserializer('x', numpy.zeros(2)) is None
+        assert deserializer('y', None).tolist() == [0, 1]
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ('echo pwned',))
+
+
+@pytest.mark.parametrize('value', [
+    numpy.array([None, None]),           # not a 0-d None
+    numpy.array([_Boom()], dtype=object),   # would run a command
+    numpy.asarray('x', dtype=object),
+], ids=['vector', 'code', 'string'])
+def test_other_pickled_values_are_refused(tmp_path, value, capfd):
+    path = str(tmp_path / 'f')
+    with open(path, 'wb') as f:
+        numpy.savez(f, count=value)
+    with pytest.raises(SnapshotMismatchError, match='pickled'):
+        load_npz(path, Counter())
+    assert 'pwned' not in capfd.readouterr().out

@@ -20,6 +20,15 @@ class AbstractSerializer:
 class Serializer(AbstractSerializer):
     """Base class of serializers that write values."""
 
+    def save(self, obj):
+        """Save ``obj`` into this serializer (``obj.serialize(self)``)."""
+        obj.serialize(self)
+
 
 class Deserializer(AbstractSerializer):
     """Base class of serializers that read values."""
+
+    def load(self, obj):
+        """Load ``obj``'s state from this deserializer
+        (``obj.serialize(self)``)."""
+        obj.serialize(self)

@@ -1,5 +1,14 @@
-"""Snapshots as flat ``.npz`` files (Chainer's ``save_npz``/``load_npz``)."""
+"""Snapshots as flat ``.npz`` files (Chainer's ``save_npz``/``load_npz``).
 
+Files are read with ``allow_pickle=False``.  The one pickled value Chainer
+writes into snapshots, ``None`` (a 0-d object array; Chainer's
+``MultiprocessIterator`` stores an unshuffled order so), is read by an
+unpickler that knows nothing but how numpy rebuilds an array.
+"""
+
+import io
+import os
+import pickle
 import zipfile
 import zlib
 
@@ -32,6 +41,7 @@ class DictionarySerializer(Serializer):
 
     def __call__(self, key, value):
         key = key.lstrip('/')
+        # None is stored as a 0-d object array, as Chainer does.
         self.target[self.path + key] = numpy.asarray(value)
         return value
 
@@ -46,10 +56,14 @@ def save_npz(file, obj, compression=True):
     """
     serializer = DictionarySerializer()
     obj.serialize(serializer)
-    if compression:
-        numpy.savez_compressed(file, **serializer.target)
+    save = numpy.savez_compressed if compression else numpy.savez
+    if isinstance(file, (str, bytes, os.PathLike)):
+        # Exactly this path: given a name, numpy would append '.npz', and
+        # Chainer's trainer names its snapshots without a suffix.
+        with open(file, 'wb') as f:
+            save(f, **serializer.target)
     else:
-        numpy.savez(file, **serializer.target)
+        save(file, **serializer.target)
 
 
 class NpzDeserializer(Deserializer):
@@ -97,9 +111,10 @@ class NpzDeserializer(Deserializer):
         try:
             stored = numpy.asarray(self.npz[key])
         except _READ_ERRORS as e:
-            raise SnapshotMismatchError(
-                'cannot read {!r} from the snapshot: the file is damaged '
-                '({}: {})'.format(key, type(e).__name__, e)) from e
+            stored = _read_none(self.npz, key, e)
+        if stored.dtype == object and stored.shape == () and \
+                stored[()] is None:
+            return None     # stored as None (Chainer returns None too)
         if value is None:
             return stored
         if isinstance(value, numpy.ndarray):
@@ -120,6 +135,57 @@ class NpzDeserializer(Deserializer):
                 'cannot assign the snapshot value {!r} of dtype {} to a {} '
                 'without loss'.format(key, stored.dtype, value_type.__name__))
         return value_type(stored.item() if stored.ndim == 0 else stored)
+
+
+# What a pickled 0-d object array may name: numpy's own array rebuilding.
+_ARRAY_GLOBALS = {
+    ('numpy', 'ndarray'): numpy.ndarray,
+    ('numpy', 'dtype'): numpy.dtype,
+    ('numpy.core.multiarray', '_reconstruct'):
+        numpy.empty(0).__reduce__()[0],
+    ('numpy._core.multiarray', '_reconstruct'):
+        numpy.empty(0).__reduce__()[0],
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        try:
+            return _ARRAY_GLOBALS[module, name]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                'refusing {}.{}'.format(module, name)) from None
+
+
+def _read_none(npz, key, error):
+    """``key``'s value from an ``NpzFile`` opened with ``allow_pickle=False``
+    when it is a pickled ``None``; any other failure says what is wrong."""
+    damaged = SnapshotMismatchError(
+        'cannot read {!r} from the snapshot: the file is damaged or holds '
+        'a pickled object, which chainiter does not load ({}: {})'.format(
+            key, type(error).__name__, error))
+    member = key + '.npy'
+    zip_file = getattr(npz, 'zip', None)
+    if zip_file is None or member not in zip_file.namelist():
+        raise damaged from error
+    try:
+        with zip_file.open(member) as f:
+            fmt = numpy.lib.format
+            read_header = {(1, 0): fmt.read_array_header_1_0,
+                           (2, 0): fmt.read_array_header_2_0}.get(
+                               fmt.read_magic(f))
+            if read_header is None:
+                raise damaged from error
+            shape, _, dtype = read_header(f)
+            if dtype != object or shape != ():
+                raise damaged from error
+            array = _ArrayUnpickler(io.BytesIO(f.read())).load()
+    except (pickle.UnpicklingError, *_READ_ERRORS) as e:
+        raise damaged from e
+    if not (isinstance(array, numpy.ndarray) and array.shape == ()
+            and array[()] is None):
+        raise damaged from error
+    return array
 
 
 def load_npz(file, obj, path='', strict=True, ignore_names=None):
