@@ -303,3 +303,29 @@ class IndexAndPid:
     def __getitem__(self, i):
         import os
         return i, os.getpid()
+
+
+class ZeroDim:
+    """Examples with 0-d arrays among other values: 'uniform' (every
+    example alike), 'bare' (the example is a 0-d array) or 'irregular'
+    (dtypes, structures and shapes change from example to example)."""
+
+    def __init__(self, n, kind):
+        self.n = n
+        self.kind = kind
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.kind == 'uniform':
+            return (numpy.array(i, dtype=numpy.float32), numpy.arange(3) + i,
+                    numpy.int64(i), i, numpy.array(i % 2), 's{}'.format(i))
+        if self.kind == 'bare':
+            return numpy.array(i * 1.5)
+        if i % 3 == 0:
+            return {'x': numpy.array(i, dtype=numpy.int16),
+                    'y': numpy.zeros((i % 4, 2))}
+        if i % 3 == 1:
+            return {'x': numpy.array([i]), 'y': numpy.array(True)}
+        return {'x': numpy.float32(i), 'y': numpy.array(i, dtype='U3')}

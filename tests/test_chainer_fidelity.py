@@ -171,3 +171,16 @@ def test_reset_with_an_order_sampler_asks_it_again(make):
         first = next(it)
         it.reset()
         assert next(it) != first
+
+
+# ---- examples arrive exactly as dataset[i] returned them ------------------
+
+@pytest.mark.parametrize('kind', ['uniform', 'bare', 'irregular'])
+def test_examples_keep_their_types(make, kind):
+    # A 0-d array stays a 0-d array (not a numpy scalar), a numpy scalar a
+    # scalar, through the pipe (first batch) and shared memory (the rest).
+    dataset = helpers.ZeroDim(24, kind)
+    with make(dataset, 4, shuffle=False) as it:
+        got = [fingerprint(next(it)) for _ in range(6)]
+    with SerialIterator(dataset, 4, shuffle=False) as ref:
+        assert got == [fingerprint(next(ref)) for _ in range(6)]

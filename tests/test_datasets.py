@@ -7,7 +7,11 @@ from chainiter.datasets import (
     SubDataset,
     TransformDataset,
     TupleDataset,
+    get_cross_validation_datasets,
+    get_cross_validation_datasets_random,
     split_dataset,
+    split_dataset_n,
+    split_dataset_n_random,
     split_dataset_random,
 )
 
@@ -83,3 +87,52 @@ def test_concatenated_dataset():
     assert d[-1] == 4 and d[1:4] == [1, 2, 3]
     with pytest.raises(IndexError):
         d[5]
+
+
+def test_split_dataset_n():
+    parts = split_dataset_n(list(range(11)), 3)
+    assert [list(p) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    order = list(range(10, -1, -1))
+    parts = split_dataset_n(list(range(11)), 2, order)
+    assert [list(p) for p in parts] == [[10, 9, 8, 7, 6], [5, 4, 3, 2, 1]]
+    with pytest.raises(ValueError, match='n must be a positive int'):
+        split_dataset_n([1], 0)
+
+
+def test_split_dataset_n_random():
+    parts = split_dataset_n_random(list(range(10)), 3, seed=4)
+    again = split_dataset_n_random(list(range(10)), 3, seed=4)
+    assert [list(p) for p in parts] == [list(p) for p in again]
+    seen = [x for p in parts for x in p]
+    assert len(seen) == 9 and len(set(seen)) == 9
+    order = numpy.random.RandomState(4).permutation(10)
+    assert list(parts[1]) == order[3:6].tolist()
+
+
+@pytest.mark.parametrize('n, n_folds', [(10, 3), (7, 7), (5, 2), (3, 4)])
+def test_cross_validation_folds_cover_the_dataset(n, n_folds):
+    splits = get_cross_validation_datasets(list(range(n)), n_folds)
+    assert len(splits) == n_folds
+    tests = [list(test) for _, test in splits]
+    assert sorted(x for t in tests for x in t) == list(range(n))
+    assert max(map(len, tests)) - min(map(len, tests)) <= 1
+    for train, test in splits:
+        assert sorted(list(train) + list(test)) == list(range(n))
+
+
+def test_cross_validation_as_chainer_orders_it():
+    # Chainer 7.8.1's result for range(5), 2 folds, order 4..0.
+    splits = get_cross_validation_datasets(list(range(5)), 2,
+                                           order=[4, 3, 2, 1, 0])
+    assert [(list(a), list(b)) for a, b in splits] == [
+        ([4, 3], [2, 1, 0]), ([2, 1, 0], [4, 3])]
+
+
+def test_cross_validation_random_and_deprecated_n_fold():
+    a = get_cross_validation_datasets_random(list(range(9)), 3, seed=1)
+    with pytest.warns(DeprecationWarning, match='n_folds'):
+        b = get_cross_validation_datasets_random(list(range(9)), n_fold=3,
+                                                 seed=1)
+    assert [list(t) for _, t in a] == [list(t) for _, t in b]
+    with pytest.raises(TypeError, match='n_foldz'):
+        get_cross_validation_datasets(list(range(9)), n_foldz=3)

@@ -1,3 +1,5 @@
+import warnings
+
 import numpy
 
 from chainiter.dataset.dataset_mixin import DatasetMixin
@@ -60,3 +62,68 @@ def split_dataset_random(dataset, first_size, seed=None):
     through a random permutation (``numpy.random.RandomState(seed)``)."""
     order = numpy.random.RandomState(seed).permutation(len(dataset))
     return split_dataset(dataset, first_size, order)
+
+
+def _check_parts(n, what):
+    if isinstance(n, (bool, numpy.bool_)) or not isinstance(
+            n, (int, numpy.integer)) or n <= 0:
+        raise ValueError('{} must be a positive int, got {!r}'.format(
+            what, n))
+    return int(n)
+
+
+def split_dataset_n(dataset, n, order=None):
+    """Split into ``n`` ``SubDataset``s of ``len(dataset) // n`` examples
+    each: part ``i`` holds positions ``i * size ... (i + 1) * size - 1``
+    (through ``order`` if given).  As in Chainer, the last
+    ``len(dataset) % n`` examples belong to no part."""
+    n = _check_parts(n, 'n')
+    size = len(dataset) // n
+    return [SubDataset(dataset, i * size, (i + 1) * size, order)
+            for i in range(n)]
+
+
+def split_dataset_n_random(dataset, n, seed=None):
+    """``split_dataset_n`` through a random permutation
+    (``numpy.random.RandomState(seed)``, as Chainer draws it)."""
+    order = numpy.random.RandomState(seed).permutation(len(dataset))
+    return split_dataset_n(dataset, n, order)
+
+
+def _n_folds(n_folds, kwargs):
+    if 'n_fold' in kwargs:   # Chainer's deprecated spelling
+        warnings.warn('n_fold is deprecated; pass n_folds',
+                      DeprecationWarning, stacklevel=3)
+        n_folds = kwargs.pop('n_fold')
+    if kwargs:
+        raise TypeError('unexpected keyword arguments: {}'.format(
+            ', '.join(sorted(kwargs))))
+    return _check_parts(n_folds, 'n_folds')
+
+
+def get_cross_validation_datasets(dataset, n_folds=None, order=None,
+                                  **kwargs):
+    """``n_folds`` (train, test) pairs of ``SubDataset``s for cross
+    validation, as Chainer makes them: the test parts are disjoint, cover
+    the dataset and differ in length by at most one; each train part is
+    the rest.  ``order`` permutes the indices first."""
+    n_folds = _n_folds(n_folds, kwargs)
+    n = len(dataset)
+    order = numpy.arange(n) if order is None else numpy.array(order)
+    test_sizes = [n * (i + 1) // n_folds - n * i // n_folds
+                  for i in range(n_folds)]
+    splits = []
+    for test_size in reversed(test_sizes):
+        splits.append(split_dataset(dataset, n - test_size, order))
+        # Rotate so that the next test part is at the end.
+        order = numpy.roll(order, test_size)
+    return splits
+
+
+def get_cross_validation_datasets_random(dataset, n_folds=None, seed=None,
+                                         **kwargs):
+    """``get_cross_validation_datasets`` through a random permutation
+    (``numpy.random.RandomState(seed)``)."""
+    n_folds = _n_folds(n_folds, kwargs)
+    order = numpy.random.RandomState(seed).permutation(len(dataset))
+    return get_cross_validation_datasets(dataset, n_folds, order)

@@ -215,8 +215,11 @@ def read_list_chunk(base, start, layout, rows):
         n, layout.example_bytes)
     columns = {}
     for key, offset, nbytes, shape, dtype in rows.arrays:
-        columns[key] = list(regions[:, offset:offset + nbytes].view(
-            dtype).reshape((n,) + shape))
+        column = regions[:, offset:offset + nbytes].view(dtype).reshape(
+            (n,) + shape)
+        # list() of a column of 0-d rows would give numpy scalars.
+        columns[key] = list(column) if shape else [
+            column[row, ...] for row in range(n)]
     for key, dtype, places in rows.ragged:
         columns[key] = [
             regions[row, offset:offset + nbytes].view(dtype).reshape(shape)
@@ -582,7 +585,7 @@ def unstack(base, layout, shapes):
         full = tuple(full[f.key] for f in layout.fields)
     examples = []
     for j in range(n):
-        values = [array[(j,) + tuple(slice(d) for d in shape)]
+        values = [array[(j,) + tuple(slice(d) for d in shape) + (...,)]
                   for array, shape in zip(full, shapes[j])]
         if layout.structure == 'tuple':
             examples.append(tuple(values))
