@@ -184,3 +184,72 @@ def test_examples_keep_their_types(make, kind):
         got = [fingerprint(next(it)) for _ in range(6)]
     with SerialIterator(dataset, 4, shuffle=False) as ref:
         assert got == [fingerprint(next(ref)) for _ in range(6)]
+
+
+# ---- copy.copy and pickle ---------------------------------------------------
+
+def _copy(it):
+    return copy.copy(it)
+
+
+def _pickle(it):
+    return pickle.loads(pickle.dumps(it))
+
+
+@pytest.mark.parametrize('duplicate', [_copy, _pickle], ids=['copy', 'pickle'])
+@pytest.mark.parametrize('steps', [0, 2, 5])
+def test_copy_and_pickle_resume_where_the_original_is(make, duplicate, steps):
+    dataset = AugmentedDataset(7)
+    with make(dataset, 3, seed=4) as it:
+        it.reset()      # a second pass: the reset count goes along
+        for _ in range(steps):
+            next(it)
+        attrs = attributes(it)
+        twin = duplicate(it)
+        try:
+            assert type(twin) is type(it)
+            assert attributes(twin) == attrs
+            # Independent: each goes on with the same stream.
+            expected = [fingerprint(next(it)) for _ in range(4)]
+            assert [fingerprint(next(twin)) for _ in range(4)] == expected
+            assert attributes(twin) == attributes(it)
+        finally:
+            twin.finalize()
+
+
+def test_copies_of_an_order_sampler_iterator_are_independent(make):
+    with make(list(range(5)), 2, order_sampler=Balanced(2)) as it:
+        next(it)
+        twin = copy.copy(it)
+        try:
+            assert twin.order_sampler is not it.order_sampler
+            a = [next(it) for _ in range(9)]
+            assert [next(twin) for _ in range(9)] == a
+        finally:
+            twin.finalize()
+
+
+def test_an_unpickled_multiprocess_iterator_has_its_own_workers():
+    dataset = helpers.Pids()
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method='fork') as it:
+        first = {pid for _, pid, _, _ in next(it)}
+        twin = _pickle(it)
+        try:
+            assert twin.n_processes == 2 and twin.start_method == 'fork'
+            batch = next(twin)
+            assert [i for i, _, _, _ in batch] == [4, 5, 6, 7]
+            assert not {pid for _, pid, _, _ in batch} & first
+        finally:
+            twin.finalize()
+
+
+def test_a_pickled_prefetcher_resumes_at_the_batch_handed_out():
+    inner = SerialIterator(list(range(10)), 2, seed=1)
+    with chainiter.DevicePrefetcher(inner, depth=3) as it:
+        next(it)
+        twin = _pickle(it)
+        copied = copy.copy(it)
+        expected = [next(it).tolist() for _ in range(6)]
+        assert [next(twin).tolist() for _ in range(6)] == expected
+        assert [next(copied).tolist() for _ in range(6)] == expected

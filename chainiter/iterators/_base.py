@@ -17,6 +17,7 @@ the batch is handed out, so a snapshot never counts prefetched batches.
 """
 
 import collections
+import copy
 
 import numpy
 
@@ -413,6 +414,40 @@ class DatasetIterator(Iterator):
         self._resets = resets
         self._state = self._ahead = _state.IteratorState(
             position, epoch, is_new_epoch, order, previous, sampler_state)
+
+    # ---- copies and pickles ---------------------------------------------
+
+    def _constructor_args(self):
+        """The keyword arguments that build an iterator like this one
+        (subclasses add theirs)."""
+        return dict(dataset=self.dataset, batch_size=self.batch_size,
+                    repeat=self._repeat,
+                    shuffle=self._shuffle if self.order_sampler is None
+                    else None,
+                    order_sampler=self.order_sampler, seed=self._seed)
+
+    def __getstate__(self):
+        # What the iterator is and where it stands; no thread, process or
+        # buffer.  Batches loaded ahead are not part of it.
+        return {'args': self._constructor_args(), 'state': self.state_dict()}
+
+    def __setstate__(self, pickled):
+        self._restoring = True      # no loading ahead before the state
+        try:
+            self.__init__(**pickled['args'])
+        finally:
+            del self._restoring
+        self._load_snapshot(NpzDeserializer(pickled['state']))
+
+    def __copy__(self):
+        """An independent iterator at the same state (its own transport,
+        its own copy of the order sampler; the dataset is shared)."""
+        pickled = self.__getstate__()
+        args = pickled['args']
+        args['order_sampler'] = copy.deepcopy(args['order_sampler'])
+        new = type(self).__new__(type(self))
+        new.__setstate__(pickled)
+        return new
 
     def state_dict(self):
         """The snapshot as a plain dict of Python scalars and numpy arrays."""

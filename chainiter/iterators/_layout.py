@@ -585,7 +585,7 @@ def unstack(base, layout, shapes):
         full = tuple(full[f.key] for f in layout.fields)
     examples = []
     for j in range(n):
-        values = [array[(j,) + tuple(slice(d) for d in shape) + (...,)]
+        values = [array[(j,) + tuple(slice(d) for d in shape)]
                   for array, shape in zip(full, shapes[j])]
         if layout.structure == 'tuple':
             examples.append(tuple(values))

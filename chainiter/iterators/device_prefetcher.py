@@ -1,6 +1,7 @@
 """DevicePrefetcher: batches arrive on the GPU, ``depth`` batches ahead."""
 
 import collections
+import copy
 
 from chainiter.backends._device import parse_device
 from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer
@@ -102,6 +103,27 @@ class DevicePrefetcher(Iterator):
         if name.startswith('_'):
             raise AttributeError(name)
         return getattr(self.iterator, name)
+
+    # ---- copies and pickles ---------------------------------------------
+
+    def __getstate__(self):
+        # The wrapped iterator is ahead by the batches fetched ahead; the
+        # copy is put back where this one's user stands.
+        return {'iterator': self.iterator, 'state': self.state_dict(),
+                'device': self.device, 'depth': self.depth,
+                'converter': self.converter}
+
+    def __setstate__(self, pickled):
+        self.__init__(pickled['iterator'], pickled['device'],
+                      pickled['depth'], pickled['converter'])
+        self.load_state_dict(pickled['state'])
+
+    def __copy__(self):
+        pickled = self.__getstate__()
+        pickled['iterator'] = copy.copy(self.iterator)
+        new = type(self).__new__(type(self))
+        new.__setstate__(pickled)
+        return new
 
     # ---- snapshots -------------------------------------------------------
 

@@ -769,6 +769,7 @@ class MultiprocessIterator(DatasetIterator):
         self.dataset_timeout = dataset_timeout
         self.maxtasksperchild = maxtasksperchild
         self.converter = converter
+        self.worker_init_fn = worker_init_fn
         self._stacked, self._padding = _stacking_padding(converter)
         self._warned_size = False
         self._warned_mismatch = False
@@ -789,9 +790,19 @@ class MultiprocessIterator(DatasetIterator):
                            worker_init_fn, maxtasksperchild, n_prefetch,
                            layout)
         self._finalizer = weakref.finalize(self, self._pool.close)
-        # Until the first batch has sized the buffers, batches travel
-        # through the pipe: send only that one, the rest follow it.
-        self._dispatch_until(n_prefetch if layout is not None else 1)
+        if not getattr(self, '_restoring', False):
+            # Until the first batch has sized the buffers, batches travel
+            # through the pipe: send only that one, the rest follow it.
+            self._dispatch_until(n_prefetch if layout is not None else 1)
+
+    def _constructor_args(self):
+        return dict(
+            super()._constructor_args(), n_processes=self.n_processes,
+            n_prefetch=self.n_prefetch, shared_mem=self.shared_mem,
+            dataset_timeout=self.dataset_timeout,
+            maxtasksperchild=self.maxtasksperchild, converter=self.converter,
+            start_method=self.start_method,
+            worker_init_fn=self.worker_init_fn)
 
     # ---- transport ----------------------------------------------------------
 

@@ -32,6 +32,9 @@ class MultithreadIterator(DatasetIterator):
             n_threads, thread_name_prefix='chainiter-loader')
         self._finalizer = weakref.finalize(self, _shutdown, self._pool)
 
+    def _constructor_args(self):
+        return dict(super()._constructor_args(), n_threads=self.n_threads)
+
     def _submit(self, step):
         submit, load = self._pool.submit, _context.load_example
         dataset, seed = self.dataset, self._pass_seed
