@@ -17,4 +17,8 @@ from chainiter.iterators import (  # NOQA
     SerialIterator,
     ShuffleOrderSampler)
 
+from chainiter import _chainer_compat
+
+_chainer_compat.install()   # Chainer's trainer takes chainiter iterators
+
 __version__ = '0.1.0'

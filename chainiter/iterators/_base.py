@@ -30,7 +30,14 @@ from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 SNAPSHOT_FORMAT_VERSION = 2
 
 
-class Iterator:
+class _Root:
+    """The base of ``Iterator``: an empty class that Chainer's own Iterator
+    replaces when Chainer is loaded (see ``chainiter._chainer_compat``;
+    Python lets a class's base be swapped for a plain class, not for
+    ``object``)."""
+
+
+class Iterator(_Root):
     """Chainer's iterator protocol: ``next()``, ``finalize()``, ``serialize``."""
 
     def __iter__(self):
