@@ -4,7 +4,6 @@ SerialIterator and each chainiter kind, snapshots both ways under trainer
 names, Chainer's dataset splits, and a whole Chainer Trainer run stopped and
 resumed from its snapshot in a new process."""
 
-import numpy
 import pytest
 
 import chainer_env
@@ -31,3 +30,28 @@ def test_same_as_chainer(kind, tmp_path):
         for name, pair in sorted(differ.items()))
     if kind == 'serial':
         assert any(name.startswith('datasets: ') for name in records)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize('kind', KINDS)
+def test_chainer_trainer_resumes_bit_identically(kind, tmp_path):
+    """Chainer's Trainer with StandardUpdater(iterator, optimizer) and
+    Evaluator(test_iterator, model) in the plain form, LogReport and
+    snapshot(): 12 iterations straight, against 6, a stop, and a resume
+    from snapshot_iter_6 in a new process."""
+    first = chainer_env.run_script('train.py', kind, tmp_path,
+                                   'full-and-stop')
+    resumed = chainer_env.run_script('train.py', kind, tmp_path,
+                                     'resume')['resumed']
+    full, stopped = first['full'], first['stopped']
+    assert stopped['iteration'] == 6
+    assert 'snapshot_iter_6' in stopped['snapshots']     # no suffix
+    assert stopped['weights'] != full['weights']
+    assert resumed['iteration'] == full['iteration'] == 12
+    assert resumed['epoch_detail'] == full['epoch_detail'] == pytest.approx(
+        12 * 6 / 40)
+    assert resumed['weights'] == full['weights']
+    for log in (full['log'], resumed['log']):
+        log.pop('elapsed_time')
+        assert 'validation/main/loss' in log    # the Evaluator ran
+    assert resumed['log'] == full['log']

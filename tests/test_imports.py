@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import chainiter
 
 
@@ -30,3 +32,61 @@ def test_chainer_style_imports():
     assert dataset.concat_examples is chainiter.concat_examples
     assert iterators.SerialIterator is chainiter.SerialIterator
     assert callable(serializers.save_npz) and callable(datasets.TupleDataset)
+
+
+# A stand-in for Chainer's package layout: chainer.dataset.iterator.Iterator,
+# a plain class whose __del__ calls finalize(), and the isinstance test
+# Chainer's StandardUpdater makes.
+_FAKE_CHAINER = {
+    'chainer/__init__.py': 'from chainer import dataset\n',
+    'chainer/dataset/__init__.py':
+        'from chainer.dataset.iterator import Iterator\n',
+    'chainer/dataset/iterator.py': (
+        'class Iterator(object):\n'
+        '    def __del__(self):\n'
+        '        self.finalize()\n'
+        '    def finalize(self):\n'
+        '        pass\n'),
+}
+
+_CHECK = '''
+import sys
+{first}
+import chainer.dataset, chainiter
+it = chainiter.SerialIterator([1, 2, 3], 2, shuffle=False)
+assert isinstance(it, chainer.dataset.Iterator)
+assert isinstance(chainiter.DevicePrefetcher(it), chainer.dataset.Iterator)
+assert not [f for f in sys.meta_path if 'chainiter' in type(f).__module__]
+try:
+    chainiter.MultithreadIterator([1], 1, n_threads=0)  # half-built
+except ValueError:
+    pass
+print(next(it))
+'''
+
+
+def _run_with_fake_chainer(tmp_path, code):
+    for name, text in _FAKE_CHAINER.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return subprocess.run(
+        [sys.executable, '-W', 'error', '-X', 'dev', '-c', code],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize('first', ['import chainer', 'import chainiter'])
+def test_chainer_takes_chainiter_iterators_whichever_is_imported_first(
+        tmp_path, first):
+    result = _run_with_fake_chainer(tmp_path, _CHECK.format(first=first))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '[1, 2]'
+    assert 'Exception ignored' not in result.stderr
+
+
+def test_import_chainiter_does_not_import_chainer(tmp_path):
+    result = _run_with_fake_chainer(
+        tmp_path, 'import sys, chainiter\n'
+                  'print("chainer" in sys.modules)\n')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == 'False'
