@@ -447,11 +447,14 @@ class DatasetIterator(Iterator):
         self._load_snapshot(NpzDeserializer(pickled['state']))
 
     def __copy__(self):
-        """An independent iterator at the same state (its own transport,
-        its own copy of the order sampler; the dataset is shared)."""
+        """An independent iterator at the same state, with its own
+        transport; the dataset is shared.  An order sampler with state
+        (a ``serialize`` method) is copied, as the copy restores that state;
+        one without is shared, as Chainer's copies share it."""
         pickled = self.__getstate__()
         args = pickled['args']
-        args['order_sampler'] = copy.deepcopy(args['order_sampler'])
+        if hasattr(args['order_sampler'], 'serialize'):
+            args['order_sampler'] = copy.deepcopy(args['order_sampler'])
         new = type(self).__new__(type(self))
         new.__setstate__(pickled)
         return new

@@ -581,12 +581,17 @@ class _Pool:
             self._workers.remove(worker)   # the receive loop closes conn
             worker.process.join()
             lost = list(worker.outstanding.values())
-            if not lost and worker.process.exitcode == 0:
+            retired = self._max_tasks is not None and \
+                worker.sent >= self._max_tasks
+            if not lost and (retired or worker.process.exitcode == 0):
                 return          # retired after maxtasksperchild
             if self._closed:
                 return
+            # None when another thread's waitpid (multiprocessing reaps
+            # every child when a process starts) took the status first.
             code = worker.process.exitcode
-            how = 'exit code {}'.format(code) if code >= 0 else \
+            how = 'an unknown exit status' if code is None else \
+                'exit code {}'.format(code) if code >= 0 else \
                 'signal {}'.format(-code)
             if code == -9:
                 how += ' (SIGKILL: probably killed by the OOM killer)'

@@ -46,6 +46,13 @@ class DictionarySerializer(Serializer):
         return value
 
 
+def serialize(obj):
+    """``obj``'s state as a dict of arrays (keys as in an npz snapshot)."""
+    serializer = DictionarySerializer()
+    serializer.save(obj)
+    return serializer.target
+
+
 def save_npz(file, obj, compression=True):
     """Save ``obj`` (anything with ``serialize``) to an npz file.
 
@@ -54,16 +61,15 @@ def save_npz(file, obj, compression=True):
         obj: the object to save, e.g. an iterator.
         compression (bool): use ``numpy.savez_compressed``.
     """
-    serializer = DictionarySerializer()
-    obj.serialize(serializer)
+    target = serialize(obj)
     save = numpy.savez_compressed if compression else numpy.savez
     if isinstance(file, (str, bytes, os.PathLike)):
         # Exactly this path: given a name, numpy would append '.npz', and
         # Chainer's trainer names its snapshots without a suffix.
         with open(file, 'wb') as f:
-            save(f, **serializer.target)
+            save(f, **target)
     else:
-        save(file, **serializer.target)
+        save(file, **target)
 
 
 class NpzDeserializer(Deserializer):
