@@ -30,6 +30,22 @@ def method(request):
     return request.param
 
 
+# A replacement for a dead worker is forked while the receiver thread runs;
+# Python 3.12+ warns that such a child may deadlock (an error in this
+# suite).  Known and open (the architecture issue: start workers from a
+# launcher made while the process is single-threaded); strict, so these
+# report once it is fixed.
+_FORK_WHILE_THREADED = pytest.mark.xfail(
+    sys.version_info >= (3, 12), raises=DeprecationWarning, strict=True,
+    reason='replacement workers are forked from a multi-threaded process')
+
+
+@pytest.fixture
+def replaces_workers(request, method):
+    if method == 'fork':
+        request.applymarker(_FORK_WHILE_THREADED)
+
+
 def run_two_epochs(dataset, method, **kwargs):
     """Both epochs from a MultiprocessIterator and from SerialIterator."""
     with MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
@@ -43,7 +59,8 @@ def run_two_epochs(dataset, method, **kwargs):
 @pytest.mark.parametrize('fault,how', [
     ('exit', 'exit code 7'), ('sigkill', 'signal 9'),
     ('sigsegv', 'signal 11')])
-def test_dead_worker_is_replaced_and_nothing_is_lost(method, fault, how,
+def test_dead_worker_is_replaced_and_nothing_is_lost(replaces_workers, method,
+                                                     fault, how,
                                                      tmp_path, capfd):
     dataset = Faulty(20, bad=13, fault=fault,
                      once_file=str(tmp_path / 'happened'))
@@ -57,7 +74,7 @@ def test_dead_worker_is_replaced_and_nothing_is_lost(method, fault, how,
     assert 'Traceback' not in capfd.readouterr().err
 
 
-def test_death_is_detected_within_seconds(method, tmp_path):
+def test_death_is_detected_within_seconds(replaces_workers, method, tmp_path):
     dataset = Faulty(8, bad=5, fault='sigkill',
                      once_file=str(tmp_path / 'happened'))
     with MultiprocessIterator(dataset, 4, n_processes=1, shuffle=False,
@@ -107,7 +124,8 @@ class LargeBatches(Faulty):
         return str(i).encode().ljust(100)
 
 
-def test_death_with_large_tasks_and_results(method, tmp_path):
+def test_death_with_large_tasks_and_results(replaces_workers, method,
+                                            tmp_path):
     # The dead worker's tasks (20,000 indices each) go to its replacement,
     # whose results (2 MB each) only the receiver thread reads: that thread
     # must not be the one waiting to send the tasks.
@@ -122,7 +140,7 @@ def test_death_with_large_tasks_and_results(method, tmp_path):
                 assert len(batch) == 20000
 
 
-def test_batch_that_keeps_killing_workers_raises(method):
+def test_batch_that_keeps_killing_workers_raises(replaces_workers, method):
     dataset = Faulty(12, bad=6, fault='sigkill')
     with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
                               start_method=method) as it:
