@@ -87,6 +87,48 @@ def check_batch_size(batch_size):
     return int(batch_size)
 
 
+def _scalar(value, key):
+    if value.shape != ():
+        raise SnapshotMismatchError(
+            'the snapshot\'s {} must be a single number, got an array of '
+            'shape {}'.format(key, value.shape))
+    return value
+
+
+def _integer(value, key):
+    """A snapshot field that must be an integer (integral floats, as a
+    state dict passed through JSON has them, are taken)."""
+    value = _scalar(value, key)
+    kind = value.dtype.kind
+    if kind in 'iu' or (kind == 'f' and numpy.isfinite(value)
+                        and float(value).is_integer()):
+        number = int(value)
+        if -2 ** 63 <= number < 2 ** 63:
+            return number
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be an integer, got {!r} of dtype {}'.format(
+            key, value.item(), value.dtype))
+
+
+def _flag(value, key):
+    value = _scalar(value, key)
+    if value.dtype.kind == 'b' or (value.dtype.kind in 'iu'
+                                   and int(value) in (0, 1)):
+        return bool(value)
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be a bool, got {!r} of dtype {}'.format(
+            key, value.item(), value.dtype))
+
+
+def _real(value, key):
+    value = _scalar(value, key)
+    if value.dtype.kind in 'iuf' and numpy.isfinite(value):
+        return float(value)
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be a finite number, got {!r}'.format(
+            key, value.item()))
+
+
 class _Failed:
     """A pending batch whose indices could not be computed."""
 
@@ -323,6 +365,8 @@ class DatasetIterator(Iterator):
                 child(key, value)
 
     def _load_snapshot(self, serializer):
+        """Read a snapshot, check every field, then adopt it; a snapshot
+        that fails leaves the iterator (and its order sampler) as it was."""
         def read(key):
             try:
                 value = serializer(key, None)
@@ -341,25 +385,24 @@ class DatasetIterator(Iterator):
 
         n = len(self.dataset)
         version = read('format_version')
-        if version is not None and int(version) > SNAPSHOT_FORMAT_VERSION:
+        if version is not None and _integer(version, 'format_version') > \
+                SNAPSHOT_FORMAT_VERSION:
             raise SnapshotMismatchError(
                 'the snapshot has format version {}, newer than this '
                 'chainiter understands ({}); upgrade chainiter'.format(
                     int(version), SNAPSHOT_FORMAT_VERSION))
         length = read('dataset_length')
-        if length is not None and int(length) != n:
+        if length is not None and _integer(length, 'dataset_length') != n:
             raise SnapshotMismatchError(
                 'the snapshot was written for a dataset of length {}, but '
                 'this iterator\'s dataset has length {}'.format(int(length), n))
-        position = int(required('current_position'))
-        epoch = int(required('epoch'))
-        is_new_epoch = bool(required('is_new_epoch'))
+        position = _integer(required('current_position'), 'current_position')
+        epoch = _integer(required('epoch'), 'epoch')
+        is_new_epoch = _flag(required('is_new_epoch'), 'is_new_epoch')
         order = read('order')
         if order is None:
             order = read('_order')
         shuffles = self._shuffle or self.order_sampler is not None
-        if order is not None and order.ndim == 0:
-            order = None  # Chainer writes None as a 0-d object array
         if order is None and shuffles:
             raise SnapshotMismatchError(
                 'the snapshot has no order, so it was written by an iterator '
@@ -371,19 +414,7 @@ class DatasetIterator(Iterator):
                     'the snapshot holds a shuffled order, but this iterator '
                     'does not shuffle; build it with shuffle=True (or the '
                     'same order_sampler) to load it')
-            # An order sampler's epoch may be longer or shorter than the
-            # dataset; a seeded shuffle's is a permutation of it.
-            if self._shuffle and len(order) != n:
-                raise SnapshotMismatchError(
-                    'the snapshot was written for a dataset of length {} '
-                    '(its order has {} entries), but this iterator\'s dataset '
-                    'has length {}'.format(len(order), len(order), n))
-            try:
-                order = _state.check_order(order, n)
-            except ValueError as e:
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order does not fit this iterator\'s '
-                    'dataset of length {}: {}'.format(n, e)) from e
+            order = self._snapshot_order(order, n)
         size = n if order is None else len(order)
         if not 0 <= position <= size or epoch < 0:
             raise SnapshotMismatchError(
@@ -391,16 +422,20 @@ class DatasetIterator(Iterator):
                 'an epoch of {} examples'.format(epoch, position, size))
         seed = read('seed')
         if seed is not None:
-            seed = order_samplers.check_seed(int(seed))
+            seed = _integer(seed, 'seed')
+            if not 0 <= seed < 2 ** 63:
+                raise SnapshotMismatchError(
+                    'the snapshot has seed {}; a seed is in [0, 2**63)'.format(
+                        seed))
         resets = read('reset_count')
-        resets = 0 if resets is None else int(resets)
+        resets = 0 if resets is None else _integer(resets, 'reset_count')
         if resets < 0:
             raise SnapshotMismatchError(
                 'the snapshot has reset_count {}; it must be >= 0'.format(
                     resets))
         previous = read('previous_epoch_detail')
         if previous is not None:
-            previous = float(previous)
+            previous = _real(previous, 'previous_epoch_detail')
         else:
             # Snapshots of old Chainer versions lack it; guess as Chainer does.
             previous = epoch + (position - self.batch_size) / max(size, 1)
@@ -410,17 +445,52 @@ class DatasetIterator(Iterator):
                 previous = _state.NO_PREVIOUS_EPOCH_DETAIL
         sampler_state = None
         if getattr(self.order_sampler, 'serialize', None) is not None:
+            before = self._capture_sampler()
             try:
                 self.order_sampler.serialize(serializer['order_sampler'])
             except KeyError:
                 pass  # written without sampler state (e.g. by Chainer)
+            except Exception as e:
+                self._restore_sampler(before)
+                raise SnapshotMismatchError(
+                    'the snapshot\'s order_sampler state does not fit this '
+                    'iterator\'s order sampler ({}: {})'.format(
+                        type(e).__name__, e)) from e
             sampler_state = self._capture_sampler()
+        # Everything fits: adopt it.
         self._drop_pending()
         if seed is not None:
             self._seed = seed
         self._resets = resets
         self._state = self._ahead = _state.IteratorState(
             position, epoch, is_new_epoch, order, previous, sampler_state)
+
+    def _snapshot_order(self, order, n):
+        if order.ndim == 0 and order.dtype == object:
+            return None   # Chainer writes None as a 0-d object array
+        if order.ndim != 1 or order.dtype.kind not in 'iu':
+            raise SnapshotMismatchError(
+                'the snapshot\'s order must be a 1-d array of integers, got '
+                'shape {} of dtype {}'.format(order.shape, order.dtype))
+        # An order sampler's epoch may be longer or shorter than the
+        # dataset; a seeded shuffle's is a permutation of it.
+        if self._shuffle:
+            if len(order) != n:
+                raise SnapshotMismatchError(
+                    'the snapshot was written for a dataset of length {} '
+                    '(its order has {} entries), but this iterator\'s '
+                    'dataset has length {}'.format(len(order), len(order), n))
+            if n and 0 <= order.min() and order.max() < n and \
+                    numpy.bincount(order, minlength=n).max() > 1:
+                raise SnapshotMismatchError(
+                    'the snapshot\'s order repeats indices; a shuffled '
+                    'order is a permutation of range({})'.format(n))
+        try:
+            return _state.check_order(order, n)
+        except ValueError as e:
+            raise SnapshotMismatchError(
+                'the snapshot\'s order does not fit this iterator\'s '
+                'dataset of length {}: {}'.format(n, e)) from e
 
     # ---- copies and pickles ---------------------------------------------
 

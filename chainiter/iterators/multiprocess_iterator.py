@@ -763,6 +763,13 @@ class MultiprocessIterator(DatasetIterator):
                 or maxtasksperchild <= 0):
             raise ValueError('maxtasksperchild must be a positive int or '
                              'None, got {!r}'.format(maxtasksperchild))
+        if dataset_timeout is not None and (
+                isinstance(dataset_timeout, bool)
+                or not isinstance(dataset_timeout, (int, float))
+                or not 0 < dataset_timeout < float('inf')):
+            raise ValueError(
+                'dataset_timeout must be a positive number of seconds, or '
+                'None for no TimeoutWarning; got {!r}'.format(dataset_timeout))
         if converter is not None and not callable(converter):
             raise TypeError('converter must be callable, got {!r}'.format(
                 converter))

@@ -20,7 +20,7 @@ from chainiter.serializers._base import Deserializer, Serializer
 # What numpy.load and reading a member raise on a file that is not a (whole)
 # npz file.
 _READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile,
-                zlib.error, KeyError)
+                zlib.error, KeyError, NotImplementedError)
 
 
 class DictionarySerializer(Serializer):

@@ -1,0 +1,127 @@
+"""Snapshots that do not fit: a clear SnapshotMismatchError naming the
+field, and the iterator left exactly as it was."""
+
+import io
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import (
+    MultithreadIterator,
+    SerialIterator,
+    ShuffleOrderSampler,
+    SnapshotMismatchError,
+)
+from chainiter.serializers import load_npz, save_npz
+
+from helpers import AugmentedDataset, fingerprint
+
+
+def good_state():
+    with SerialIterator(AugmentedDataset(6), 4, seed=11) as it:
+        next(it)
+        next(it)
+        return it.state_dict()
+
+
+BAD = [
+    ('current_position', 1.5, 'current_position must be an integer'),
+    ('current_position', numpy.arange(2), 'current_position must be a single'),
+    ('current_position', 'x', 'current_position must be an integer'),
+    ('current_position', 99, 'does not fit'),
+    ('epoch', -1, 'does not fit'),
+    ('epoch', 2.0 ** 70, 'epoch must be an integer'),
+    ('is_new_epoch', 3, 'is_new_epoch must be a bool'),
+    ('seed', -5, 'seed'),
+    ('seed', 1.25, 'seed must be an integer'),
+    ('reset_count', -1, 'reset_count'),
+    ('previous_epoch_detail', float('nan'), 'previous_epoch_detail'),
+    ('order', numpy.arange(6.0), 'order must be a 1-d array of integers'),
+    ('order', numpy.ones(6, dtype=bool), 'order must be a 1-d array of int'),
+    ('order', numpy.arange(6).reshape(2, 3), 'order must be a 1-d array'),
+    ('order', numpy.array([0, 1, 2, 3, 4, 4]), 'repeats indices'),
+    ('order', numpy.array([0, 1, 2, 3, 4, 6]), 'out of range'),
+    ('order', numpy.array([0, 1, 2, 3, 4, -1]), 'out of range'),
+    ('format_version', 'v1', 'format_version must be an integer'),
+]
+
+
+@pytest.mark.parametrize('key, value, message', BAD,
+                         ids=['{}={!r}'.format(k, v)[:40] for k, v, _ in BAD])
+def test_malformed_field_is_named_and_nothing_changes(key, value, message):
+    state = good_state()
+    state[key] = value
+    with SerialIterator(AugmentedDataset(6), 4, seed=3) as it:
+        next(it)
+        before = it.state_dict()
+        with pytest.raises(SnapshotMismatchError, match=message):
+            it.load_state_dict(state)
+        after = it.state_dict()
+        assert after.keys() == before.keys()
+        for k in before:
+            numpy.testing.assert_array_equal(after[k], before[k])
+        expected = fingerprint(next(it))
+    with SerialIterator(AugmentedDataset(6), 4, seed=3) as ref:
+        next(ref)
+        assert fingerprint(next(ref)) == expected
+
+
+def test_failed_load_keeps_the_seed_and_the_stream():
+    # The seed field is fine, a later one is not: the old seed stays.
+    state = good_state()
+    state['previous_epoch_detail'] = 'oops'
+    with MultithreadIterator(AugmentedDataset(6), 4, seed=3) as it:
+        with pytest.raises(SnapshotMismatchError):
+            it.load_state_dict(state)
+        assert it.seed == 3
+        got = [fingerprint(next(it)) for _ in range(3)]
+    with SerialIterator(AugmentedDataset(6), 4, seed=3) as ref:
+        assert got == [fingerprint(next(ref)) for _ in range(3)]
+
+
+def test_failed_load_leaves_the_order_sampler_as_it_was():
+    with SerialIterator(list(range(6)), 4, order_sampler=ShuffleOrderSampler(
+            numpy.random.RandomState(1))) as source:
+        state = source.state_dict()
+    state['order_sampler/keys'] = numpy.arange(3)      # wrong shape
+    sampler = ShuffleOrderSampler(numpy.random.RandomState(2))
+    with SerialIterator(list(range(6)), 4, order_sampler=sampler) as it:
+        random_state = sampler._random.get_state()[1].copy()
+        with pytest.raises(SnapshotMismatchError, match='order_sampler'):
+            it.load_state_dict(state)
+        numpy.testing.assert_array_equal(sampler._random.get_state()[1],
+                                         random_state)
+
+
+def test_unsupported_compression_in_a_damaged_file():
+    f = io.BytesIO()
+    with SerialIterator(list(range(6)), 4, seed=1) as it:
+        save_npz(f, it, compression=False)
+    data = bytearray(f.getvalue())
+    # Mark every member as compressed with a method zipfile lacks.
+    for signature, offset in ((b'PK\x03\x04', 8), (b'PK\x01\x02', 10)):
+        start = 0
+        while True:
+            start = data.find(signature, start)
+            if start < 0:
+                break
+            data[start + offset:start + offset + 2] = (99).to_bytes(2, 'little')
+            start += 4
+    with SerialIterator(list(range(6)), 4, seed=1) as it:
+        with pytest.raises(SnapshotMismatchError):
+            load_npz(io.BytesIO(bytes(data)), it)
+
+
+@pytest.mark.parametrize('timeout', [-1, 0, float('nan'), 'soon', True])
+def test_bad_dataset_timeout_is_refused_before_any_worker(timeout):
+    with pytest.raises(ValueError, match='dataset_timeout'):
+        chainiter.MultiprocessIterator([1, 2], 1, n_processes=1,
+                                       dataset_timeout=timeout)
+
+
+def test_dataset_timeout_none_means_no_warning():
+    with chainiter.MultiprocessIterator([1, 2], 1, n_processes=1,
+                                        dataset_timeout=None,
+                                        shuffle=False) as it:
+        assert next(it) == [1]
