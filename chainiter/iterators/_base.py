@@ -22,7 +22,11 @@ import copy
 import numpy
 
 from chainiter import _context
-from chainiter.errors import IteratorFinalizedError, SnapshotMismatchError
+from chainiter.errors import (
+    ChainiterError,
+    IteratorFinalizedError,
+    SnapshotMismatchError,
+)
 from chainiter.iterators import _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
@@ -171,6 +175,7 @@ class DatasetIterator(Iterator):
                 'never produce a batch; pass a non-empty dataset or '
                 'repeat=False')
         self._finalized = False
+        self._busy = False
         self._pending = collections.deque()
         self._state = self._initial_state()
         self._ahead = self._state
@@ -256,23 +261,48 @@ class DatasetIterator(Iterator):
     # ---- the protocol ----------------------------------------------------
 
     def __next__(self):
-        self._check_alive()
-        self._dispatch_until(1)
-        state, handle = self._pending[0]
-        if handle is None:
-            self._state = state     # Chainer updates previous_epoch_detail
-            raise StopIteration
-        if isinstance(handle, _Failed):
-            self._rewind()
-            raise handle.error
+        # One caller at a time: a second thread gets a clear error instead
+        # of corrupting the state (the test and the set run with no
+        # switch of thread or signal handler between them).
+        if self._busy:
+            raise ChainiterError(
+                'next() was called on {} from two threads at once; call it '
+                'from one thread at a time (guard it with a lock to share '
+                'the iterator)'.format(type(self).__name__))
+        self._busy = True
         try:
+            self._check_alive()
+            self._dispatch_until(1)
+            state, handle = self._pending[0]
+            if handle is None:
+                self._state = state     # Chainer updates previous_epoch_detail
+                raise StopIteration
+            if isinstance(handle, _Failed):
+                raise handle.error
             batch = self._collect(handle)
-        except BaseException:
+            # Loading ahead comes before the batch is consumed: whatever
+            # fails or interrupts it, the batch is loaded again next time.
+            self._dispatch_until(self._prefetch_depth + 1)
+            self._pending.popleft()
+        except StopIteration:
+            self._busy = False
+            raise
+        except BaseException as e:
+            self._busy = False
+            if isinstance(e, IteratorFinalizedError):
+                raise
+            if self._finalized:     # finalize() from another thread
+                raise IteratorFinalizedError(
+                    '{} was finalized while next() waited for a '
+                    'batch'.format(type(self).__name__)) from e
+            # The state stays where it was (any exception, KeyboardInterrupt
+            # included); the batches dispatched ahead are loaded again.
             self._rewind()
             raise
-        self._pending.popleft()
+        # Nothing between here and the return lets a signal handler run, so
+        # a KeyboardInterrupt cannot consume the batch without delivering it.
+        self._busy = False
         self._state = state
-        self._dispatch_until(self._prefetch_depth)
         return batch
 
     def _check_alive(self):

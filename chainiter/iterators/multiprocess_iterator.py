@@ -50,6 +50,7 @@ import numpy
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
     ChainiterError,
+    IteratorFinalizedError,
     SharedMemoryWarning,
     TimeoutWarning,
     WorkerDiedError,
@@ -86,6 +87,8 @@ _READY_LOW = 2
 # Put in the ready queue to have next() make the sends the receiver thread
 # deferred to it.
 _SEND_DEFERRED = object()
+# Put in the ready queue by close(): wakes a next() waiting in another thread.
+_CLOSED = object()
 
 
 def _send_cost(task):
@@ -380,11 +383,20 @@ class _Pool:
                         'a dataset[i] may be stuck. The iterator goes on '
                         'waiting'.format(timeout), TimeoutWarning,
                         stacklevel=4)
-                if not self._thread.is_alive() and not self._closed:
+                if self._closed:
+                    raise IteratorFinalizedError(
+                        'MultiprocessIterator was finalized while next() '
+                        'waited for a batch')
+                if not self._thread.is_alive():
                     raise ChainiterError(
                         'the receiver thread of MultiprocessIterator died'
                     ) from None
                 continue
+            if batch is _CLOSED or self._closed:
+                self._ready.put(_CLOSED)    # for any other waiter
+                raise IteratorFinalizedError(
+                    'MultiprocessIterator was finalized while next() waited '
+                    'for a batch')
             if not self._wanted.is_set() and \
                     self._ready.qsize() < _READY_LOW:
                 self._wanted.set()
@@ -638,6 +650,7 @@ class _Pool:
         if self._closed:
             return
         self._closed = True
+        self._ready.put(_CLOSED)
         self._stop.set()
         self._wanted.set()
         self._wake_receiver()

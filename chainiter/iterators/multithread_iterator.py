@@ -2,6 +2,7 @@ import concurrent.futures
 import weakref
 
 from chainiter import _context
+from chainiter.errors import IteratorFinalizedError
 from chainiter.iterators._base import DatasetIterator
 
 
@@ -28,6 +29,7 @@ class MultithreadIterator(DatasetIterator):
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed)
         self.n_threads = n_threads
+        self._closed = concurrent.futures.Future()   # done at finalize()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             n_threads, thread_name_prefix='chainiter-loader')
         self._finalizer = weakref.finalize(self, _shutdown, self._pool)
@@ -43,7 +45,19 @@ class MultithreadIterator(DatasetIterator):
                 for i, (e, p) in zip(step.indices.tolist(), keys)]
 
     def _collect(self, futures):
-        return [future.result() for future in futures]
+        batch = []
+        for future in futures:
+            if not future.done():
+                # Also wake up when finalize() is called from another thread.
+                concurrent.futures.wait(
+                    (future, self._closed),
+                    return_when=concurrent.futures.FIRST_COMPLETED)
+                if self._closed.done():
+                    raise IteratorFinalizedError(
+                        'MultithreadIterator was finalized while next() '
+                        'waited for a batch')
+            batch.append(future.result())
+        return batch
 
     def _drop_pending(self):
         for _, futures in self._pending:
@@ -52,5 +66,7 @@ class MultithreadIterator(DatasetIterator):
         super()._drop_pending()
 
     def finalize(self):
+        if not self._closed.done():
+            self._closed.set_result(None)
         super().finalize()
         self._finalizer()
