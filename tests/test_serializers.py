@@ -1,5 +1,7 @@
 import io
 import os
+import subprocess
+import sys
 import zipfile
 
 import numpy
@@ -153,3 +155,32 @@ def test_other_pickled_values_are_refused(tmp_path, value, capfd):
     with pytest.raises(SnapshotMismatchError, match='pickled'):
         load_npz(path, Counter())
     assert 'pwned' not in capfd.readouterr().out
+
+
+def test_a_pickle_naming_only_numpy_is_never_run(tmp_path):
+    # ndarray((4e8,), 'O8') in 31 bytes: unpickling it would take 3.2 GB
+    # (and such pickles can corrupt memory); the limit makes that fail.
+    path = tmp_path / 'f'
+    pickled = (b'\x80\x04cnumpy\nndarray\n(J' + (4 * 10 ** 8).to_bytes(4, 'little')
+               + b'\x85\x8c\x02O8tR.')
+    header = io.BytesIO()
+    numpy.lib.format.write_array_header_1_0(
+        header, {'descr': '|O', 'fortran_order': False, 'shape': ()})
+    with zipfile.ZipFile(str(path), 'w') as z:
+        z.writestr('count.npy', header.getvalue() + pickled)
+    code = (
+        'import resource, sys\n'
+        'resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n'
+        'import chainiter\n'
+        'from chainiter.serializers import load_npz\n'
+        'class Counter:\n'
+        '    def serialize(self, s):\n'
+        '        s("count", 0)\n'
+        'try:\n'
+        '    load_npz(sys.argv[1], Counter())\n'
+        'except chainiter.SnapshotMismatchError as e:\n'
+        '    print("refused:", e)\n')
+    result = subprocess.run([sys.executable, '-c', code, str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith('refused:') and 'pickled' in result.stdout

@@ -2,13 +2,11 @@
 
 Files are read with ``allow_pickle=False``.  The one pickled value Chainer
 writes into snapshots, ``None`` (a 0-d object array; Chainer's
-``MultiprocessIterator`` stores an unshuffled order so), is read by an
-unpickler that knows nothing but how numpy rebuilds an array.
+``MultithreadIterator`` stores an unshuffled order so), is recognised by
+its exact bytes; nothing is ever unpickled.
 """
 
-import io
 import os
-import pickle
 import zipfile
 import zlib
 
@@ -143,24 +141,38 @@ class NpzDeserializer(Deserializer):
         return value_type(stored.item() if stored.ndim == 0 else stored)
 
 
-# What a pickled 0-d object array may name: numpy's own array rebuilding.
-_ARRAY_GLOBALS = {
-    ('numpy', 'ndarray'): numpy.ndarray,
-    ('numpy', 'dtype'): numpy.dtype,
-    ('numpy.core.multiarray', '_reconstruct'):
-        numpy.empty(0).__reduce__()[0],
-    ('numpy._core.multiarray', '_reconstruct'):
-        numpy.empty(0).__reduce__()[0],
-}
-
-
-class _ArrayUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        try:
-            return _ARRAY_GLOBALS[module, name]
-        except KeyError:
-            raise pickle.UnpicklingError(
-                'refusing {}.{}'.format(module, name)) from None
+# The pickles numpy writes for ``numpy.asarray(None)`` (numpy.save: protocol
+# 3 under numpy 1, 4 under numpy 2), and the other protocols for good
+# measure.  A pickled value is compared with these, never unpickled: even a
+# pickle that names only numpy's own classes can corrupt memory.
+_TEXT_NONE_PICKLES = [
+    b'\x80\x02cnumpy.core.multiarray\n_reconstruct\nq\x00cnumpy\nndarray\nq'
+    b'\x01K\x00\x85q\x02c_codecs\nencode\nq\x03X\x01\x00\x00\x00bq\x04X\x06'
+    b'\x00\x00\x00latin1q\x05\x86q\x06Rq\x07\x87q\x08Rq\t(K\x01)cnumpy\ndtype'
+    b'\nq\nX\x02\x00\x00\x00O8q\x0b\x89\x88\x87q\x0cRq\r(K\x03X\x01\x00\x00'
+    b'\x00|q\x0eNNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK?tq\x0fb\x89]q\x10Natq'
+    b'\x11b.',
+    b'\x80\x03cnumpy.core.multiarray\n_reconstruct\nq\x00cnumpy\nndarray\nq'
+    b'\x01K\x00\x85q\x02C\x01bq\x03\x87q\x04Rq\x05(K\x01)cnumpy\ndtype\nq\x06X'
+    b'\x02\x00\x00\x00O8q\x07\x89\x88\x87q\x08Rq\t(K\x03X\x01\x00\x00\x00|q\n'
+    b'NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK?tq\x0bb\x89]q\x0cNatq\rb.',
+]   # protocols 2 and 3 under numpy 1; numpy 2 names numpy._core
+_NONE_PICKLES = frozenset([
+    text.replace(b'numpy.core.multiarray', module)
+    for text in _TEXT_NONE_PICKLES
+    for module in (b'numpy.core.multiarray', b'numpy._core.multiarray')
+] + [
+    prefix + b'\x95' + (len(body)).to_bytes(8, 'little') + body
+    for module in (b'numpy.core.multiarray', b'numpy._core.multiarray')
+    for body in [
+        b'\x8c' + bytes([len(module)]) + module + b'\x94\x8c\x0c_reconstruct'
+        b'\x94\x93\x94\x8c\x05numpy\x94\x8c\x07ndarray\x94\x93\x94K\x00\x85\x94C'
+        b'\x01b\x94\x87\x94R\x94(K\x01)h\x03\x8c\x05dtype\x94\x93\x94\x8c\x02O8'
+        b'\x94\x89\x88\x87\x94R\x94(K\x03\x8c\x01|\x94NNNJ\xff\xff\xff\xffJ\xff'
+        b'\xff\xff\xffK?t\x94b\x89]\x94Nat\x94b.']
+    for prefix in (b'\x80\x04', b'\x80\x05')
+])
+_NONE_PICKLE_MAX = max(map(len, _NONE_PICKLES))
 
 
 def _read_none(npz, key, error):
@@ -183,15 +195,12 @@ def _read_none(npz, key, error):
             if read_header is None:
                 raise damaged from error
             shape, _, dtype = read_header(f)
-            if dtype != object or shape != ():
-                raise damaged from error
-            array = _ArrayUnpickler(io.BytesIO(f.read())).load()
-    except (pickle.UnpicklingError, *_READ_ERRORS) as e:
+            payload = f.read(_NONE_PICKLE_MAX + 1)
+    except _READ_ERRORS as e:
         raise damaged from e
-    if not (isinstance(array, numpy.ndarray) and array.shape == ()
-            and array[()] is None):
+    if dtype != object or shape != () or payload not in _NONE_PICKLES:
         raise damaged from error
-    return array
+    return numpy.asarray(None)
 
 
 def load_npz(file, obj, path='', strict=True, ignore_names=None):
