@@ -80,6 +80,15 @@ def _uninstall():
         pass
 
 
+def adopt_if_loaded():
+    """Adopt Chainer's Iterator if it was loaded past the finder (another
+    import hook ahead of it); called when an iterator is built."""
+    module = sys.modules.get(_MODULE)
+    if module is not None and _finder in sys.meta_path:
+        _uninstall()
+        _adopt(module)
+
+
 def install():
     """Adopt Chainer's Iterator now if it is loaded, else when it is."""
     module = sys.modules.get(_MODULE)

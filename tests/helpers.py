@@ -329,3 +329,28 @@ class ZeroDim:
         if i % 3 == 1:
             return {'x': numpy.array([i]), 'y': numpy.array(True)}
         return {'x': numpy.float32(i), 'y': numpy.array(i, dtype='U3')}
+
+
+def next_batches_in_child(iterator, n, queue):
+    """In a child process: ``n`` batches of an iterator it was given."""
+    with iterator:
+        queue.put([fingerprint(next(iterator)) for _ in range(n)])
+
+
+class CountingSampler:
+    """A stateful order sampler without ``serialize``: every call draws
+    from its own generator."""
+
+    def __init__(self, seed):
+        self.random = numpy.random.RandomState(seed)
+
+    def __call__(self, order, position):
+        return self.random.permutation(len(order))
+
+
+class LabelledIterator(chainiter.SerialIterator):
+    """A subclass with a constructor of its own and an attribute."""
+
+    def __init__(self, dataset, labels):
+        super().__init__(dataset, 2, shuffle=False)
+        self.labels = labels

@@ -254,3 +254,86 @@ def test_a_pickled_prefetcher_resumes_at_the_batch_handed_out():
         expected = [next(it).tolist() for _ in range(6)]
         assert [next(twin).tolist() for _ in range(6)] == expected
         assert [next(copied).tolist() for _ in range(6)] == expected
+
+
+def test_copying_does_not_call_the_order_sampler(make):
+    # A sampler with state but no serialize (e.g. Chainer's own
+    # ShuffleOrderSampler) is shared by a copy, as in Chainer: copying must
+    # not draw from it.
+    def orders(copies):
+        with make(list(range(6)), 3,
+                  order_sampler=helpers.CountingSampler(4)) as it:
+            next(it)
+            for _ in range(copies):
+                copy.copy(it).finalize()
+            return [next(it) for _ in range(5)]
+    assert orders(2) == orders(0)
+
+
+@pytest.mark.parametrize('duplicate', [_copy, _pickle], ids=['copy', 'pickle'])
+def test_subclasses_and_their_attributes_survive_copies(duplicate):
+    it = helpers.LabelledIterator(list(range(5)), labels=['a', 'b'])
+    next(it)
+    it.tag = 'train'
+    twin = duplicate(it)
+    assert type(twin) is helpers.LabelledIterator
+    assert twin.labels == ['a', 'b'] and twin.tag == 'train'
+    assert next(twin) == next(it) == [2, 3]
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_a_multiprocess_iterator_passed_to_a_child_process(method):
+    import multiprocessing
+    ctx = multiprocessing.get_context(method)
+    dataset = helpers.Examples(12, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
+                              start_method=method) as it:
+        next(it)
+        queue = ctx.Queue()
+        child = ctx.Process(target=helpers.next_batches_in_child,
+                            args=(it, 2, queue))
+        child.start()
+        try:
+            got = queue.get(timeout=60)
+        finally:
+            child.join(60)
+        assert child.exitcode == 0
+        assert got == [fingerprint(next(it)) for _ in range(2)]
+
+
+def test_finalize_in_a_forked_child_leaves_the_parents_workers(capfd):
+    import atexit
+    import os
+    import warnings
+    dataset = helpers.Examples(40, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
+                              start_method='fork') as it:
+        next(it)
+        with warnings.catch_warnings():
+            # The user's fork: Python 3.12+ warns about the threads.
+            warnings.simplefilter('ignore', DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:        # the child: finalize, then exit as Python does
+            code = 1
+            try:
+                it.finalize()
+                atexit._run_exitfuncs()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        got = [fingerprint(next(it)) for _ in range(5)]
+    with SerialIterator(dataset, 4, seed=3) as ref:
+        next(ref)
+        assert got == [fingerprint(next(ref)) for _ in range(5)]
+    assert 'can only join a child process' not in capfd.readouterr().err
+
+
+def test_prefetcher_takes_the_stopping_calls_attributes():
+    inner = SerialIterator(list(range(5)), 2, repeat=False, shuffle=False)
+    with chainiter.DevicePrefetcher(inner, depth=2) as it:
+        assert len(list(it)) == 3
+        assert it.previous_epoch_detail == 1.0 == it.epoch_detail
+        assert it.state_dict()['previous_epoch_detail'] == 1.0
+        assert _pickle(it).previous_epoch_detail == 1.0

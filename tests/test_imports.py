@@ -90,3 +90,23 @@ def test_import_chainiter_does_not_import_chainer(tmp_path):
                   'print("chainer" in sys.modules)\n')
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'False'
+
+
+def test_chainer_loaded_past_the_finder_is_adopted_when_an_iterator_is_built(
+        tmp_path):
+    # Another import hook put ahead of chainiter's finder loads Chainer.
+    code = (
+        'import importlib.machinery, sys\n'
+        'import chainiter\n'
+        'class Hook:\n'
+        '    def find_spec(self, name, path, target=None):\n'
+        '        if name.startswith("chainer"):\n'
+        '            return importlib.machinery.PathFinder.find_spec(\n'
+        '                name, path, target)\n'
+        'sys.meta_path.insert(0, Hook())\n'
+        'import chainer.dataset\n'
+        'it = chainiter.SerialIterator([1, 2], 1)\n'
+        'print(isinstance(it, chainer.dataset.Iterator))\n')
+    result = _run_with_fake_chainer(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == 'True'

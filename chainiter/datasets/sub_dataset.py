@@ -109,6 +109,10 @@ def get_cross_validation_datasets(dataset, n_folds=None, order=None,
     the rest.  ``order`` permutes the indices first."""
     n_folds = _n_folds(n_folds, kwargs)
     n = len(dataset)
+    if n_folds > n:
+        raise ValueError(
+            'n_folds ({}) is larger than the dataset ({} examples): some '
+            'test parts would be empty'.format(n_folds, n))
     order = numpy.arange(n) if order is None else numpy.array(order)
     test_sizes = [n * (i + 1) // n_folds - n * i // n_folds
                   for i in range(n_folds)]

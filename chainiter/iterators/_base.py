@@ -21,7 +21,7 @@ import copy
 
 import numpy
 
-from chainiter import _context
+from chainiter import _chainer_compat, _context
 from chainiter.errors import (
     ChainiterError,
     IteratorFinalizedError,
@@ -151,6 +151,7 @@ class DatasetIterator(Iterator):
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
                  order_sampler=None, seed=None):
+        _chainer_compat.adopt_if_loaded()
         check_dataset(dataset)
         self.dataset = dataset
         self.batch_size = check_batch_size(batch_size)
@@ -524,27 +525,29 @@ class DatasetIterator(Iterator):
 
     # ---- copies and pickles ---------------------------------------------
 
-    def _constructor_args(self):
-        """The keyword arguments that build an iterator like this one
-        (subclasses add theirs)."""
-        return dict(dataset=self.dataset, batch_size=self.batch_size,
-                    repeat=self._repeat,
-                    shuffle=self._shuffle if self.order_sampler is None
-                    else None,
-                    order_sampler=self.order_sampler, seed=self._seed)
+    def _start_transport(self):
+        """Make what loading needs (threads, processes): called by the
+        subclass's constructor and after unpickling."""
+
+    def _transport_attributes(self):
+        """The attributes of the transport, never copied or pickled."""
+        return ('_pending',)
 
     def __getstate__(self):
-        # What the iterator is and where it stands; no thread, process or
-        # buffer.  Batches loaded ahead are not part of it.
-        return {'args': self._constructor_args(), 'state': self.state_dict()}
+        # Everything but the transport; batches loaded ahead are not part
+        # of it.  Subclasses' own attributes come along.
+        drop = self._transport_attributes()
+        return {key: value for key, value in self.__dict__.items()
+                if key not in drop}
 
     def __setstate__(self, pickled):
-        self._restoring = True      # no loading ahead before the state
-        try:
-            self.__init__(**pickled['args'])
-        finally:
-            del self._restoring
-        self._load_snapshot(NpzDeserializer(pickled['state']))
+        self.__dict__.update(pickled)
+        self._pending = collections.deque()
+        self._busy = False
+        self._finalized = False
+        self._ahead = self._state
+        self._restore_sampler(self._state.sampler_state)
+        self._start_transport()
 
     def __copy__(self):
         """An independent iterator at the same state, with its own
@@ -552,9 +555,8 @@ class DatasetIterator(Iterator):
         (a ``serialize`` method) is copied, as the copy restores that state;
         one without is shared, as Chainer's copies share it."""
         pickled = self.__getstate__()
-        args = pickled['args']
-        if hasattr(args['order_sampler'], 'serialize'):
-            args['order_sampler'] = copy.deepcopy(args['order_sampler'])
+        if hasattr(self.order_sampler, 'serialize'):
+            pickled['order_sampler'] = copy.deepcopy(self.order_sampler)
         new = type(self).__new__(type(self))
         new.__setstate__(pickled)
         return new

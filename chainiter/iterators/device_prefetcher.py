@@ -57,6 +57,11 @@ class DevicePrefetcher(Iterator):
     def __next__(self):
         self._fill(self.depth + 1)
         if not self._ahead:
+            # The wrapped iterator stopped: its attributes (Chainer updates
+            # previous_epoch_detail on this call) are the user's now.
+            self._current = (
+                {name: getattr(self.iterator, name) for name in _ATTRIBUTES},
+                self.iterator.state_dict())
             raise StopIteration
         attributes, state, ticket = self._ahead.popleft()
         self._current = (attributes, state)

@@ -91,6 +91,26 @@ _SEND_DEFERRED = object()
 _CLOSED = object()
 
 
+# Every pool of this process, so that a forked child can let go of them.
+_POOLS = weakref.WeakSet()
+
+
+def _forget_workers_in_child():
+    """After os.fork(): the workers are the parent's.  Take them off
+    multiprocessing's list of this process's children, or its exit handler
+    would terminate (daemonic) or try to join them in the child."""
+    children = getattr(multiprocessing.process, '_children', None)
+    if children is None:
+        return
+    for pool in list(_POOLS):
+        for worker in list(pool._workers):
+            children.discard(worker.process)
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_workers_in_child)
+
+
 def _send_cost(task):
     """More than the bytes a task takes in a socket buffer: the kernel
     counts about twice the payload, plus a fixed overhead per message."""
@@ -208,6 +228,8 @@ class _Pool:
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_prefetch, layout=None):
+        self.owner = os.getpid()   # only this process may use or close it
+        _POOLS.add(self)
         self._ctx = ctx
         self._dataset = dataset
         self._n_workers = n_workers
@@ -647,7 +669,9 @@ class _Pool:
     # ---- shutdown ----------------------------------------------------------
 
     def close(self):
-        if self._closed:
+        if self._closed or os.getpid() != self.owner:
+            # A forked child's copy: the workers and buffers are the
+            # parent's, and its threads and locks are not usable here.
             return
         self._closed = True
         self._ready.put(_CLOSED)
@@ -808,30 +832,55 @@ class MultiprocessIterator(DatasetIterator):
                 _check_picklable(worker_init_fn, 'worker_init_fn', method)
         self.start_method = method
         self._prefetch_depth = n_prefetch
-        layout = None
-        if shared_mem is not None and not self._stacked:
-            layout = _layout.list_layout(batch_size, shared_mem)
-        self._pool = _Pool(ctx, dataset, n_processes, self._seed,
-                           worker_init_fn, maxtasksperchild, n_prefetch,
-                           layout)
-        self._finalizer = weakref.finalize(self, self._pool.close)
-        if not getattr(self, '_restoring', False):
-            # Until the first batch has sized the buffers, batches travel
-            # through the pipe: send only that one, the rest follow it.
-            self._dispatch_until(n_prefetch if layout is not None else 1)
+        self._start_transport()
+        self._start_pool()
+        # Until the first batch has sized the buffers, batches travel
+        # through the pipe: send only that one, the rest follow it.
+        self._dispatch_until(n_prefetch if self._pool.layout is not None
+                             else 1)
 
-    def _constructor_args(self):
-        return dict(
-            super()._constructor_args(), n_processes=self.n_processes,
-            n_prefetch=self.n_prefetch, shared_mem=self.shared_mem,
-            dataset_timeout=self.dataset_timeout,
-            maxtasksperchild=self.maxtasksperchild, converter=self.converter,
-            start_method=self.start_method,
-            worker_init_fn=self.worker_init_fn)
+    def _start_transport(self):
+        # The workers start with the first batch (at once when built, at
+        # the first next() when unpickled: unpickling may happen while a
+        # spawned process starts, where no process may be started).
+        self._pool = None
+        self._finalizer = None
+        self._cannot_grow = False
+
+    def _start_pool(self):
+        layout = None
+        if self.shared_mem is not None and not self._stacked:
+            layout = _layout.list_layout(self.batch_size, self.shared_mem)
+        self._pool = _Pool(multiprocessing.get_context(self.start_method),
+                           self.dataset, self.n_processes, self._seed,
+                           self.worker_init_fn, self.maxtasksperchild,
+                           self.n_prefetch, layout)
+        self._finalizer = weakref.finalize(self, self._pool.close)
+
+    def _transport_attributes(self):
+        return super()._transport_attributes() + ('_pool', '_finalizer')
 
     # ---- transport ----------------------------------------------------------
 
+    def __next__(self):
+        pool = self._pool
+        if pool is not None and pool.owner != os.getpid():
+            self._leave_parents_pool()
+        return super().__next__()
+
+    def _leave_parents_pool(self):
+        """In a forked child (os.fork(), or a fork Process given the
+        iterator): the workers are the parent's.  Leave them alone and
+        load from the current state with workers of its own."""
+        self._finalizer.detach()
+        self._start_transport()
+        self._pending.clear()
+        self._ahead = self._state
+        self._restore_sampler(self._state.sampler_state)
+
     def _submit(self, step):
+        if self._pool is None:
+            self._start_pool()
         return self._pool.submit(step, self._pass_seed)
 
     def _drop_pending(self):
@@ -940,8 +989,11 @@ class MultiprocessIterator(DatasetIterator):
             SharedMemoryWarning, stacklevel=5)
 
     def finalize(self):
+        pool = self._pool
+        if pool is not None and pool.owner != os.getpid():
+            self._leave_parents_pool()     # nothing of the parent's to end
         super().finalize()
-        if self._pool is not None:
+        if self._finalizer is not None:
             self._finalizer()
 
 

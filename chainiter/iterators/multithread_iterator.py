@@ -29,13 +29,17 @@ class MultithreadIterator(DatasetIterator):
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed)
         self.n_threads = n_threads
+        self._start_transport()
+
+    def _start_transport(self):
         self._closed = concurrent.futures.Future()   # done at finalize()
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            n_threads, thread_name_prefix='chainiter-loader')
+            self.n_threads, thread_name_prefix='chainiter-loader')
         self._finalizer = weakref.finalize(self, _shutdown, self._pool)
 
-    def _constructor_args(self):
-        return dict(super()._constructor_args(), n_threads=self.n_threads)
+    def _transport_attributes(self):
+        return super()._transport_attributes() + (
+            '_closed', '_pool', '_finalizer')
 
     def _submit(self, step):
         submit, load = self._pool.submit, _context.load_example
