@@ -354,3 +354,42 @@ class LabelledIterator(chainiter.SerialIterator):
     def __init__(self, dataset, labels):
         super().__init__(dataset, 2, shuffle=False)
         self.labels = labels
+
+
+class Gate:
+    """In-process examples that wait at ``dataset[blocked]`` until
+    ``release`` is set (with a deadline); ``entered`` tells that one is
+    waiting."""
+
+    def __init__(self, n, blocked):
+        import threading
+        self.n, self.blocked = n, blocked
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.blocked:
+            self.entered.set()
+            assert self.release.wait(60), 'the test never released the gate'
+        return i
+
+
+def wait_until_in(thread, function_name, timeout):
+    """Wait (with a deadline) until ``thread`` runs inside a function of
+    that name: the only way to know that it really waits there."""
+    import sys
+    import threading
+    import time
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == function_name:
+                return True
+            frame = frame.f_back
+        pause.wait(0.005)
+    return False

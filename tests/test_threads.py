@@ -1,0 +1,80 @@
+"""Iterators used from several threads: finalize() from another thread
+wakes a waiting next(); two next() at once get a clear error, never a hang
+or a corrupted position."""
+
+import threading
+
+import pytest
+
+import chainiter
+from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
+
+import helpers
+from helpers import START_METHODS
+
+
+def call_in_thread(function):
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(function())
+        except BaseException as e:   # what the thread raised
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_finalize_wakes_next_waiting_in_threads():
+    dataset = helpers.Gate(8, blocked=2)
+    it = MultithreadIterator(dataset, 4, shuffle=False, n_threads=2)
+    waiting, outcome = call_in_thread(lambda: next(it))
+    assert helpers.wait_until_in(waiting, '_collect', 30)
+    assert dataset.entered.wait(30)
+    # finalize() joins the loading threads, so it returns once the stuck
+    # example is released; the waiting next() must not wait for that.
+    finalizing, _ = call_in_thread(it.finalize)
+    waiting.join(10)
+    assert not waiting.is_alive()
+    assert isinstance(outcome[0], chainiter.IteratorFinalizedError)
+    dataset.release.set()
+    finalizing.join(10)
+    assert not finalizing.is_alive()
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_finalize_wakes_next_waiting_for_workers(method):
+    # dataset[1] takes ten minutes; the workers are ended by finalize().
+    dataset = helpers.Stalling(8, slow=1, seconds=600)
+    it = MultiprocessIterator(dataset, 4, shuffle=False, n_processes=1,
+                              dataset_timeout=None, start_method=method)
+    waiting, outcome = call_in_thread(lambda: next(it))
+    assert helpers.wait_until_in(waiting, 'wait', 60)
+    it.finalize()
+    waiting.join(10)
+    assert not waiting.is_alive()
+    assert isinstance(outcome[0], chainiter.IteratorFinalizedError)
+
+
+KINDS = {
+    'serial': SerialIterator,
+    'thread': lambda *a, **k: MultithreadIterator(*a, n_threads=2, **k),
+}
+
+
+@pytest.mark.parametrize('kind', sorted(KINDS))
+def test_second_concurrent_next_is_a_clear_error(kind):
+    dataset = helpers.Gate(12, blocked=5)
+    with KINDS[kind](dataset, 4, shuffle=False) as it:
+        assert next(it) == [0, 1, 2, 3]
+        first, outcome = call_in_thread(lambda: next(it))
+        assert dataset.entered.wait(30)
+        assert helpers.wait_until_in(first, '__next__', 30)
+        with pytest.raises(chainiter.ChainiterError, match='two threads'):
+            next(it)
+        dataset.release.set()
+        first.join(30)
+        assert outcome == [[4, 5, 6, 7]]
+        assert next(it) == [8, 9, 10, 11]      # nothing lost or repeated
