@@ -393,3 +393,54 @@ def wait_until_in(thread, function_name, timeout):
             frame = frame.f_back
         pause.wait(0.005)
     return False
+
+
+Pair = __import__('collections').namedtuple('Pair', 'x label')
+
+
+class Typed:
+    """Examples of 20 KB (they go through shared memory) of one kind of
+    container or ndarray subclass."""
+
+    def __init__(self, n, kind):
+        self.n, self.kind = n, kind
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import collections
+        big = numpy.arange(5000, dtype=numpy.float32) + i
+        kind = self.kind
+        if kind == 'namedtuple':
+            return Pair(big, i)
+        if kind == 'ordereddict':
+            return collections.OrderedDict([('b', big), ('a', i)])
+        if kind == 'matrix':
+            import warnings
+            with warnings.catch_warnings():    # numpy discourages matrix
+                warnings.simplefilter('ignore', PendingDeprecationWarning)
+                return numpy.matrix(big.reshape(50, 100))
+        if kind == 'recarray':
+            return numpy.rec.fromarrays([big, big * 2], names='u,v')
+        if kind == 'masked':
+            return numpy.ma.masked_array(big, mask=big % 3 == 0), i
+        if kind == 'big-endian':
+            return big.astype('>f4'), numpy.array(i, dtype='>i8')
+        raise ValueError(kind)
+
+
+def describe(value):
+    """``fingerprint``'s view plus what it does not see: the exact types of
+    containers and arrays, and masks."""
+    if isinstance(value, numpy.ma.MaskedArray):
+        return ('masked', fingerprint(value.data),
+                fingerprint(numpy.ma.getmaskarray(value)))
+    if isinstance(value, numpy.ndarray):
+        return (type(value).__name__, value.dtype.str, fingerprint(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(describe(v) for v in value))
+    if isinstance(value, dict):
+        return (type(value).__name__,
+                tuple((k, describe(v)) for k, v in value.items()))
+    return fingerprint(value)

@@ -337,3 +337,15 @@ def test_prefetcher_takes_the_stopping_calls_attributes():
         assert it.previous_epoch_detail == 1.0 == it.epoch_detail
         assert it.state_dict()['previous_epoch_detail'] == 1.0
         assert _pickle(it).previous_epoch_detail == 1.0
+
+
+@pytest.mark.parametrize('kind', ['namedtuple', 'ordereddict', 'matrix',
+                                  'recarray', 'masked', 'big-endian'])
+def test_large_examples_keep_their_types(make, kind):
+    # Examples of 20 KB go through shared memory: containers other than
+    # plain tuples and dicts, and ndarray subclasses, arrive as they were.
+    dataset = helpers.Typed(12, kind)
+    with make(dataset, 4, shuffle=False) as it:
+        got = [helpers.describe(next(it)) for _ in range(3)]
+    with SerialIterator(dataset, 4, shuffle=False) as ref:
+        assert got == [helpers.describe(next(ref)) for _ in range(3)]

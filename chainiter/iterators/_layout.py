@@ -63,10 +63,19 @@ class Layout(typing.NamedTuple):
 
 # ---- the list layout -----------------------------------------------------
 
+# The list layout puts in shared memory the plain ndarrays of a plain
+# tuple, a plain dict or a bare example.  Anything else (a namedtuple, an
+# OrderedDict, ndarray subclasses such as matrix, recarray or MaskedArray,
+# arrays of objects) is pickled whole, so that it arrives as it was.
+
+def _in_shm(value):
+    return type(value) is numpy.ndarray and not value.dtype.hasobject
+
+
 def _fields_of(example):
-    if isinstance(example, tuple):
+    if type(example) is tuple:
         return enumerate(example)
-    if isinstance(example, dict):
+    if type(example) is dict:
         return example.items()
     return [(None, example)]
 
@@ -74,7 +83,7 @@ def _fields_of(example):
 def example_array_bytes(example):
     """Bytes the top-level arrays of ``example`` take in the list layout."""
     return sum(_align(value.nbytes) for _, value in _fields_of(example)
-               if isinstance(value, numpy.ndarray) and value.dtype.kind != 'O')
+               if _in_shm(value))
 
 
 def list_layout(batch_size, example_bytes):
@@ -91,7 +100,7 @@ def write_list_example(whole, start, layout, example):
 
     def put(value):
         nonlocal offset
-        if not isinstance(value, numpy.ndarray) or value.dtype.kind == 'O':
+        if not _in_shm(value):
             return value
         n = value.nbytes
         dst = whole[offset:offset + n].view(value.dtype).reshape(value.shape)
@@ -100,9 +109,9 @@ def write_list_example(whole, start, layout, example):
         offset += _align(n)
         return ref
 
-    if isinstance(example, tuple):
+    if type(example) is tuple:
         return tuple(put(value) for value in example)
-    if isinstance(example, dict):
+    if type(example) is dict:
         return {key: put(value) for key, value in example.items()}
     return put(example)
 
@@ -117,9 +126,9 @@ def read_list_example(base, slot_start, meta):
         return base[start:start + value.nbytes].view(value.dtype).reshape(
             value.shape)
 
-    if isinstance(meta, tuple) and type(meta) is not ShmRef:
+    if type(meta) is tuple:
         return tuple(get(value) for value in meta)
-    if isinstance(meta, dict):
+    if type(meta) is dict:
         return {key: get(value) for key, value in meta.items()}
     return get(meta)
 
@@ -163,7 +172,7 @@ def write_list_chunk(whole, start, layout, examples):
     fixed, varying = [], []
     for key in keys:
         value = _get(first, structure, key)
-        if type(value) is not numpy.ndarray or value.dtype.kind == 'O':
+        if not _in_shm(value):
             continue
         column = [_get(e, structure, key) for e in examples]
         dtype, ndim, shape = value.dtype, value.ndim, value.shape
