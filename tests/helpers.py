@@ -444,3 +444,20 @@ def describe(value):
         return (type(value).__name__,
                 tuple((k, describe(v)) for k, v in value.items()))
     return fingerprint(value)
+
+
+def failing_init(worker_id):
+    raise OSError('no GPU for worker {}'.format(worker_id))
+
+
+class UnpicklesBadly:
+    """A dataset of 8 that pickles but cannot be unpickled."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+    def __reduce__(self):
+        return _refuse_unpickling, ()

@@ -146,14 +146,59 @@ def _remote_error(e, index):
     return RemoteError(exception, type(e).__qualname__, str(e), tb, index)
 
 
+class PickledDataset:
+    """The dataset for a spawned worker, unpickled by the worker itself, so
+    that a failure is reported to the parent like any other."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __reduce__(self):
+        return PickledDataset, (pickle.dumps(self.dataset,
+                                             pickle.HIGHEST_PROTOCOL),)
+
+
+#: ``seq`` of the message a worker sends when it cannot start.
+STARTUP_FAILED = -1
+
+
+def _start(dataset, worker_id, worker_init_fn):
+    if type(dataset) is PickledDataset:
+        try:
+            dataset = pickle.loads(dataset.dataset)
+        except Exception as e:
+            raise _StartupError('the dataset could not be unpickled in the '
+                                'worker') from e
+    if worker_init_fn is not None:
+        try:
+            worker_init_fn(worker_id)
+        except Exception as e:
+            raise _StartupError('worker_init_fn({}) raised'.format(
+                worker_id)) from e
+    return dataset
+
+
+class _StartupError(Exception):
+    pass
+
+
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent_pid)
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
+    try:
+        dataset = _start(dataset, worker_id, worker_init_fn)
+    except _StartupError as e:
+        error = _remote_error(e.__cause__, -1)
+        error = error._replace(message='{}: {}'.format(e, error.message))
+        try:
+            send_frame(conn, _HEADER.pack(0, STARTUP_FAILED, 0, worker_id)
+                       + pickle.dumps(([], error), pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            pass
+        return
     layout = None
     buffer_id = -1
     slots = {}

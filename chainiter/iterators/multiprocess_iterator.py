@@ -61,6 +61,8 @@ from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators._reorder import Reorderer
 from chainiter.iterators._shm import SharedBuffer
 from chainiter.iterators._worker import (
+    STARTUP_FAILED,
+    PickledDataset,
     RemoteError,
     RemoteTraceback,
     Result,
@@ -252,6 +254,9 @@ class _Pool:
         # Sends that next() makes outside the lock (see submit).
         self._deferred = []
         self._closed = False
+        # A worker that could not start (worker_init_fn raised, the dataset
+        # could not be unpickled): every batch fails with it from then on.
+        self._startup_error = None
         self._stop = threading.Event()
         self._wanted = threading.Event()
         self._wanted.set()
@@ -271,9 +276,12 @@ class _Pool:
         parent_conn, child_conn = self._ctx.Pipe()
         worker_id = self._next_worker_id % self._n_workers
         self._next_worker_id += 1
+        dataset = self._dataset
+        if self._ctx.get_start_method() != 'fork':
+            dataset = PickledDataset(dataset)
         process = self._ctx.Process(
             target=worker_main, name='chainiter-worker-{}'.format(worker_id),
-            args=(child_conn, self._dataset, self._seed, worker_id,
+            args=(child_conn, dataset, self._seed, worker_id,
                   self._n_workers, self._worker_init_fn, os.getpid(),
                   self._max_tasks),
             daemon=True)
@@ -303,8 +311,11 @@ class _Pool:
         """Give ``task`` to the least busy worker; return the send that
         hands it over (the caller may make it after releasing the lock)."""
         workers = self._accepting()
-        while len(workers) < self._n_workers:
+        while len(workers) < self._n_workers and \
+                self._startup_error is None:
             workers.append(self._start_worker())
+        if not workers:
+            return _no_send
         worker = min(workers, key=lambda w: len(w.outstanding))
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
@@ -326,6 +337,9 @@ class _Pool:
             generation = self._generation
             batch = _Batch(generation, seq, step, n_chunks, slot, buffers)
             self._inflight[seq] = batch
+            if self._startup_error is not None:
+                self._fail(batch)
+                return generation, seq
             if slot is not None:
                 slot.busy += n_chunks
                 slot.owner = (generation, seq)
@@ -564,6 +578,9 @@ class _Pool:
 
     def _on_result(self, worker, message):
         generation, seq, chunk, _, payload = message
+        if seq == STARTUP_FAILED:
+            self._on_startup_failure(worker, payload)
+            return
         task = worker.outstanding.pop((seq, chunk), None)
         if task is None:
             return
@@ -587,6 +604,32 @@ class _Pool:
         batch.results[chunk] = Result(generation, seq, chunk, metas, error)
         if len(batch.results) == batch.n_chunks:
             self._complete(batch)
+
+    def _on_startup_failure(self, worker, payload):
+        """A worker could not start: start no more (they would fail the
+        same way, forever), and fail every batch with the real cause."""
+        _, remote = pickle.loads(payload)
+        if self._startup_error is None:
+            self._startup_error = (worker.id, remote)
+        for batch in list(self._inflight.values()):
+            if batch.generation == self._generation:
+                self._fail(batch)
+
+    def _fail(self, batch):
+        worker_id, remote = self._startup_error
+        cause = remote.exception
+        if cause is None:
+            cause = ChainiterError('{}: {}'.format(remote.type_name,
+                                                   remote.message))
+        cause.__cause__ = RemoteTraceback(remote.traceback)
+        error = ChainiterError(
+            'worker process {} could not start: {}. No more workers are '
+            'started; fix the cause and build a new iterator'.format(
+                worker_id, remote.message))
+        error.__cause__ = cause
+        batch.failure = error
+        batch.results = {}
+        self._complete(batch)
 
     def _release_chunk(self, task):
         """The chunk no longer writes into its slot.  (Slots of replaced
@@ -614,6 +657,8 @@ class _Pool:
                 pass
             self._workers.remove(worker)   # the receive loop closes conn
             worker.process.join()
+            if self._startup_error is not None:
+                return          # no replacement: it would fail the same way
             lost = list(worker.outstanding.values())
             retired = self._max_tasks is not None and \
                 worker.sent >= self._max_tasks
@@ -708,6 +753,10 @@ class _Pool:
         self._wake_w.close()
         if self._buffers is not None:
             self._buffers.close()
+
+
+def _no_send():
+    """No worker could take a task (they cannot start): nothing to send."""
 
 
 def _short_list(indices, limit=10):
