@@ -461,3 +461,33 @@ class UnpicklesBadly:
 
     def __reduce__(self):
         return _refuse_unpickling, ()
+
+
+def mapped_buffers():
+    """(mappings, descriptors) of this process's shared-memory buffers:
+    the unlinked chainiter files (see chainiter/iterators/_shm.py)."""
+    import os
+    maps = 0
+    with open('/proc/self/maps') as f:
+        for line in f:
+            if 'chainiter-' in line and '(deleted)' in line:
+                maps += 1
+    fds = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            target = os.readlink('/proc/self/fd/' + fd)
+        except OSError:
+            continue
+        if 'chainiter-' in target and '(deleted)' in target:
+            fds += 1
+    return maps, fds
+
+
+class Megabyte:
+    """Examples of 1 MiB: example i is filled with i."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return numpy.full((256, 1024), i, dtype=numpy.float32)

@@ -78,3 +78,24 @@ def test_second_concurrent_next_is_a_clear_error(kind):
         first.join(30)
         assert outcome == [[4, 5, 6, 7]]
         assert next(it) == [8, 9, 10, 11]      # nothing lost or repeated
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_finalize_releases_shared_memory_at_once(method):
+    before = helpers.mapped_buffers()
+    iterators = []
+    for _ in range(3):
+        it = MultiprocessIterator(helpers.Megabyte(), 8, n_processes=2,
+                                  n_prefetch=4, shuffle=False,
+                                  converter=chainiter.concat_examples,
+                                  start_method=method)
+        for _ in range(5):
+            batch = next(it)
+        it.finalize()
+        iterators.append(it)     # still referenced
+    # Only the slot of the batch still held is mapped (with the descriptor
+    # that the mapping keeps).
+    assert helpers.mapped_buffers() == (before[0] + 1, before[1] + 1)
+    assert (batch[:, 0, 0] == range(32, 40)).all()   # and it is intact
+    del batch
+    assert helpers.mapped_buffers() == before

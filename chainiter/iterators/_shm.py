@@ -100,8 +100,20 @@ class SharedBuffer:
                     for d, f in tried)))
 
     def close(self):
-        """Release this process's mapping.  Arrays that still view it keep
-        the memory valid (the mapping stays until they are gone)."""
+        """Close the descriptor.  The mapping stays for as long as this
+        object or an array viewing it lives."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def release(self):
+        """Close the descriptor and the mapping now (no more hand-outs will
+        come from it).  Arrays that still view it keep the memory valid:
+        the mapping then goes with the last of them."""
+        self.close()
+        buffer, self.buffer = self.buffer, None
+        if buffer is not None:
+            try:
+                buffer.close()      # also closes mmap's own descriptor
+            except BufferError:
+                pass                # viewed by arrays the user holds

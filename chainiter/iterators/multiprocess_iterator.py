@@ -157,8 +157,15 @@ class _Buffers:
         return [slot for slot in self.slots if slot.shared is not None]
 
     def close(self):
+        """Replaced by new buffers: batches in flight may still be handed
+        out from these slots, so the mappings stay."""
         for slot in self.allocated():
             slot.shared.close()
+
+    def release(self):
+        """The pool is closed: unmap the slots now."""
+        for slot in self.allocated():
+            slot.shared.release()
 
 
 class _Batch:
@@ -752,7 +759,7 @@ class _Pool:
         self._wake_r.close()
         self._wake_w.close()
         if self._buffers is not None:
-            self._buffers.close()
+            self._buffers.release()
 
 
 def _no_send():
