@@ -99,3 +99,20 @@ def test_finalize_releases_shared_memory_at_once(method):
     assert (batch[:, 0, 0] == range(32, 40)).all()   # and it is intact
     del batch
     assert helpers.mapped_buffers() == before
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_iterator_made_in_a_thread_that_ends(method):
+    made = []
+    maker = threading.Thread(target=lambda: made.append(MultiprocessIterator(
+        helpers.Pids(), 4, n_processes=2, shuffle=False,
+        start_method=method)))
+    maker.start()
+    maker.join(60)
+    # Its workers outlive the thread that made it: the same two load
+    # every batch, and nothing is lost (a death would also raise
+    # WorkerRestartWarning, an error here).
+    with made[0] as it:
+        batches = [next(it) for _ in range(9)]
+    assert [i for b in batches for i, _, _, _ in b] == list(range(12)) * 3
+    assert len({pid for b in batches for _, pid, _, _ in b}) == 2

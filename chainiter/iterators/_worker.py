@@ -96,9 +96,12 @@ class RemoteTraceback(Exception):
         return '\n\n"""\n{}"""'.format(self.tb)
 
 
-def _watch_parent(parent_pid):
+def _watch_parent(parent_pid, by_main_thread):
     """Exit when the parent dies, even while ``dataset[i]`` is stuck."""
-    if os.getppid() == parent_pid and sys.platform.startswith('linux'):
+    # The kernel's parent-death signal fires when the THREAD that started
+    # the worker ends: use it only for workers the main thread started.
+    if by_main_thread and os.getppid() == parent_pid and \
+            sys.platform.startswith('linux'):
         _set_parent_death_signal()   # the kernel kills us at once
     # Under forkserver the parent is the server, so also check by pid.
     def watch():
@@ -183,9 +186,9 @@ class _StartupError(Exception):
 
 
 def worker_main(conn, dataset, seed, worker_id, num_workers,
-                worker_init_fn, parent_pid, max_tasks):
+                worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent_pid)
+    _watch_parent(parent_pid, by_main_thread)
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
     try:

@@ -290,7 +290,8 @@ class _Pool:
             target=worker_main, name='chainiter-worker-{}'.format(worker_id),
             args=(child_conn, dataset, self._seed, worker_id,
                   self._n_workers, self._worker_init_fn, os.getpid(),
-                  self._max_tasks),
+                  self._max_tasks,
+                  threading.current_thread() is threading.main_thread()),
             daemon=True)
         process.start()
         child_conn.close()
