@@ -491,3 +491,14 @@ class Megabyte:
 
     def __getitem__(self, i):
         return numpy.full((256, 1024), i, dtype=numpy.float32)
+
+
+class ByteOrders:
+    """Fields of both byte orders, 0-d and 1-d."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return (numpy.arange(3, dtype='>f4') + i, numpy.array(i, dtype='>i8'),
+                numpy.array(i, dtype='<u2'))

@@ -349,3 +349,17 @@ def test_large_examples_keep_their_types(make, kind):
         got = [helpers.describe(next(it)) for _ in range(3)]
     with SerialIterator(dataset, 4, shuffle=False) as ref:
         assert got == [helpers.describe(next(ref)) for _ in range(3)]
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_stacked_fields_of_the_other_byte_order(method):
+    # The workers stack them as concat_examples does (native order), with
+    # no warning (an error here) and nothing taken for oversize.
+    dataset = helpers.ByteOrders()
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=chainiter.concat_examples,
+                              start_method=method) as it:
+        got = [helpers.describe(next(it)) for _ in range(4)]
+    with SerialIterator(dataset, 4, shuffle=False) as ref:
+        assert got == [helpers.describe(chainiter.concat_examples(next(ref)))
+                       for _ in range(4)]

@@ -365,6 +365,10 @@ def _columns(layout, examples):
     return [examples]
 
 
+def _native(dtype):
+    return dtype.newbyteorder('=') if dtype.byteorder in '<>' else dtype
+
+
 _ndim = operator.attrgetter('ndim')
 _dtype = operator.attrgetter('dtype')
 _shape = operator.attrgetter('shape')
@@ -401,9 +405,16 @@ def write_stacked_chunk(whole, slot_start, layout, start_row, examples):
                     # them) of exactly the field's dtype and shape: one
                     # copy of all their bytes is far cheaper per example
                     # than concatenate or stack.
-                    if set(map(_dtype, column)) != {dst.dtype} or \
-                            set(map(_shape, column)) != {field.capacity}:
+                    if set(map(_shape, column)) != {field.capacity}:
                         raise ValueError(field.capacity)
+                    dtypes = set(map(_dtype, column))
+                    if dtypes != {dst.dtype}:
+                        # concat_examples gives native byte order: arrays
+                        # of the other order are swapped, never mixed.
+                        if {_native(d) for d in dtypes} != {dst.dtype}:
+                            raise ValueError(dtypes)
+                        numpy.stack(column, out=dst, casting='equiv')
+                        continue
                     try:
                         data = b''.join(column)
                     except (BufferError, TypeError, ValueError):
