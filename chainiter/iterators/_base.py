@@ -545,9 +545,8 @@ class DatasetIterator(Iterator):
         self._pending = collections.deque()
         self._busy = False
         self._finalized = False
-        self._ahead = self._state
-        self._restore_sampler(self._state.sampler_state)
         self._start_transport()
+        self._rewind()      # load on from the state, the sampler's too
 
     def __copy__(self):
         """An independent iterator at the same state, with its own

@@ -165,37 +165,22 @@ class PickledDataset:
 STARTUP_FAILED = -1
 
 
-def _start(dataset, worker_id, worker_init_fn):
-    if type(dataset) is PickledDataset:
-        try:
-            dataset = pickle.loads(dataset.dataset)
-        except Exception as e:
-            raise _StartupError('the dataset could not be unpickled in the '
-                                'worker') from e
-    if worker_init_fn is not None:
-        try:
-            worker_init_fn(worker_id)
-        except Exception as e:
-            raise _StartupError('worker_init_fn({}) raised'.format(
-                worker_id)) from e
-    return dataset
-
-
-class _StartupError(Exception):
-    pass
-
-
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent_pid, by_main_thread)
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
+    what = 'the dataset could not be unpickled in the worker'
     try:
-        dataset = _start(dataset, worker_id, worker_init_fn)
-    except _StartupError as e:
-        error = _remote_error(e.__cause__, -1)
-        error = error._replace(message='{}: {}'.format(e, error.message))
+        if type(dataset) is PickledDataset:
+            dataset = pickle.loads(dataset.dataset)
+        what = 'worker_init_fn({}) raised'.format(worker_id)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except Exception as e:
+        error = _remote_error(e, -1)
+        error = error._replace(message='{}: {}'.format(what, error.message))
         try:
             send_frame(conn, _HEADER.pack(0, STARTUP_FAILED, 0, worker_id)
                        + pickle.dumps(([], error), pickle.HIGHEST_PROTOCOL))

@@ -59,9 +59,7 @@ class DevicePrefetcher(Iterator):
         if not self._ahead:
             # The wrapped iterator stopped: its attributes (Chainer updates
             # previous_epoch_detail on this call) are the user's now.
-            self._current = (
-                {name: getattr(self.iterator, name) for name in _ATTRIBUTES},
-                self.iterator.state_dict())
+            self._current = self._where()
             raise StopIteration
         attributes, state, ticket = self._ahead.popleft()
         self._current = (attributes, state)
@@ -81,10 +79,12 @@ class DevicePrefetcher(Iterator):
                 batch = self.converter(batch)
             ticket = batch if self._transfer is None else \
                 self._transfer.issue(batch)
-            attributes = {name: getattr(self.iterator, name)
-                          for name in _ATTRIBUTES}
-            self._ahead.append((attributes, self.iterator.state_dict(),
-                                ticket))
+            self._ahead.append(self._where() + (ticket,))
+
+    def _where(self):
+        """The wrapped iterator's attributes and state, as of now."""
+        return ({name: getattr(self.iterator, name) for name in _ATTRIBUTES},
+                self.iterator.state_dict())
 
     def _drop_ahead(self):
         self._ahead.clear()

@@ -319,11 +319,8 @@ class _Pool:
         """Give ``task`` to the least busy worker; return the send that
         hands it over (the caller may make it after releasing the lock)."""
         workers = self._accepting()
-        while len(workers) < self._n_workers and \
-                self._startup_error is None:
+        while len(workers) < self._n_workers:
             workers.append(self._start_worker())
-        if not workers:
-            return _no_send
         worker = min(workers, key=lambda w: len(w.outstanding))
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
@@ -616,26 +613,25 @@ class _Pool:
     def _on_startup_failure(self, worker, payload):
         """A worker could not start: start no more (they would fail the
         same way, forever), and fail every batch with the real cause."""
-        _, remote = pickle.loads(payload)
         if self._startup_error is None:
-            self._startup_error = (worker.id, remote)
+            _, remote = pickle.loads(payload)
+            cause = remote.exception
+            if cause is None:
+                cause = ChainiterError('{}: {}'.format(remote.type_name,
+                                                       remote.message))
+            cause.__cause__ = RemoteTraceback(remote.traceback)
+            self._startup_error = (
+                'worker process {} could not start: {}. No more workers are '
+                'started; fix the cause and build a new iterator'.format(
+                    worker.id, remote.message), cause)
         for batch in list(self._inflight.values()):
             if batch.generation == self._generation:
                 self._fail(batch)
 
     def _fail(self, batch):
-        worker_id, remote = self._startup_error
-        cause = remote.exception
-        if cause is None:
-            cause = ChainiterError('{}: {}'.format(remote.type_name,
-                                                   remote.message))
-        cause.__cause__ = RemoteTraceback(remote.traceback)
-        error = ChainiterError(
-            'worker process {} could not start: {}. No more workers are '
-            'started; fix the cause and build a new iterator'.format(
-                worker_id, remote.message))
-        error.__cause__ = cause
-        batch.failure = error
+        message, cause = self._startup_error
+        batch.failure = ChainiterError(message)
+        batch.failure.__cause__ = cause
         batch.results = {}
         self._complete(batch)
 
@@ -761,10 +757,6 @@ class _Pool:
         self._wake_w.close()
         if self._buffers is not None:
             self._buffers.release()
-
-
-def _no_send():
-    """No worker could take a task (they cannot start): nothing to send."""
 
 
 def _short_list(indices, limit=10):
@@ -920,20 +912,18 @@ class MultiprocessIterator(DatasetIterator):
     # ---- transport ----------------------------------------------------------
 
     def __next__(self):
-        pool = self._pool
-        if pool is not None and pool.owner != os.getpid():
-            self._leave_parents_pool()
+        self._leave_parents_pool()
         return super().__next__()
 
     def _leave_parents_pool(self):
         """In a forked child (os.fork(), or a fork Process given the
-        iterator): the workers are the parent's.  Leave them alone and
-        load from the current state with workers of its own."""
-        self._finalizer.detach()
-        self._start_transport()
-        self._pending.clear()
-        self._ahead = self._state
-        self._restore_sampler(self._state.sampler_state)
+        iterator) the workers are the parent's: leave them alone, and load
+        on from the current state with workers of its own."""
+        pool = self._pool
+        if pool is not None and pool.owner != os.getpid():
+            self._finalizer.detach()
+            self._start_transport()
+            self._rewind()
 
     def _submit(self, step):
         if self._pool is None:
@@ -1046,9 +1036,7 @@ class MultiprocessIterator(DatasetIterator):
             SharedMemoryWarning, stacklevel=5)
 
     def finalize(self):
-        pool = self._pool
-        if pool is not None and pool.owner != os.getpid():
-            self._leave_parents_pool()     # nothing of the parent's to end
+        self._leave_parents_pool()     # nothing of the parent's to end
         super().finalize()
         if self._finalizer is not None:
             self._finalizer()
