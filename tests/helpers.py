@@ -463,14 +463,24 @@ class UnpicklesBadly:
         return _refuse_unpickling, ()
 
 
+def _is_buffer(path):
+    """An unlinked chainiter buffer file (see chainiter/iterators/_shm.py):
+    O_TMPFILE names it '#inode', the fallback 'chainiter-...'."""
+    import os
+    if not path.endswith(' (deleted)'):
+        return False
+    name = os.path.basename(path[:-len(' (deleted)')])
+    return name.startswith(('#', 'chainiter-'))
+
+
 def mapped_buffers():
-    """(mappings, descriptors) of this process's shared-memory buffers:
-    the unlinked chainiter files (see chainiter/iterators/_shm.py)."""
+    """(mappings, descriptors) of this process's shared-memory buffers."""
     import os
     maps = 0
     with open('/proc/self/maps') as f:
         for line in f:
-            if 'chainiter-' in line and '(deleted)' in line:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and _is_buffer(fields[5].rstrip('\n')):
                 maps += 1
     fds = 0
     for fd in os.listdir('/proc/self/fd'):
@@ -478,7 +488,7 @@ def mapped_buffers():
             target = os.readlink('/proc/self/fd/' + fd)
         except OSError:
             continue
-        if 'chainiter-' in target and '(deleted)' in target:
+        if _is_buffer(target):
             fds += 1
     return maps, fds
 

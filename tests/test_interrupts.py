@@ -22,7 +22,7 @@ import chainiter
 from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
 from chainiter.iterators._base import DatasetIterator
 
-from helpers import START_METHODS, AugmentedDataset, fingerprint
+from helpers import START_METHODS, AugmentedDataset, fingerprint, shm_files
 
 KINDS = dict(
     [('serial', SerialIterator),
@@ -75,6 +75,7 @@ def test_interrupts_inside_next_lose_no_batch(kind):
         while not stop.wait(rng.uniform(0, 0.002)):
             signal.pthread_kill(main, signal.SIGINT)
 
+    files = shm_files()
     previous = signal.signal(signal.SIGINT, handler)
     firing = threading.Thread(target=fire, daemon=True)
     batches = 0
@@ -98,3 +99,4 @@ def test_interrupts_inside_next_lose_no_batch(kind):
         stop.set()
         signal.signal(signal.SIGINT, previous)
     assert counts['raised'] >= 30, counts      # it was really interrupted
+    assert shm_files() <= files                 # no file left behind

@@ -36,9 +36,19 @@ def _free_bytes(directory):
 
 def _create_file(directory, size):
     """An unlinked file of ``size`` reserved bytes in ``directory``; raises
-    OSError(ENOSPC) when it does not fit."""
-    fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
-    os.unlink(name)
+    OSError(ENOSPC) when it does not fit.
+
+    With O_TMPFILE the file never has a name: nothing can be left behind,
+    not even by an interrupt between creating and unlinking it."""
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (
+                errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        # No O_TMPFILE here (another OS, an old kernel or filesystem).
+        fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
+        os.unlink(name)
     try:
         os.posix_fallocate(fd, 0, size)
     except BaseException:
