@@ -207,6 +207,36 @@ def wait_processes_gone(pids, timeout):
     return all(process_gone(pid) for pid in pids)
 
 
+def children_of(pid):
+    """The pids of the live children of ``pid`` (from /proc)."""
+    import os
+    found = set()
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/{}/stat'.format(entry)) as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] not in ('Z', 'X'):
+            found.add(int(entry))
+    return found
+
+
+def worker_pids():
+    """The pids of the worker processes of this process's iterators: under
+    fork they are the children of a launcher process."""
+    import multiprocessing
+    pids = set()
+    for process in multiprocessing.active_children():
+        if process.name.startswith('chainiter-worker'):
+            pids.add(process.pid)
+        elif process.name == 'chainiter-launcher':
+            pids |= children_of(process.pid)
+    return pids
+
+
 def shm_files():
     import os
     return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()

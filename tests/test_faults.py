@@ -20,6 +20,7 @@ from helpers import (
     shm_files,
     wait_for_file,
     wait_processes_gone,
+    worker_pids,
 )
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -28,22 +29,6 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(params=START_METHODS)
 def method(request):
     return request.param
-
-
-# A replacement for a dead worker is forked while the receiver thread runs;
-# Python 3.12+ warns that such a child may deadlock (an error in this
-# suite).  Known and open (the architecture issue: start workers from a
-# launcher made while the process is single-threaded); strict, so these
-# report once it is fixed.
-_FORK_WHILE_THREADED = pytest.mark.xfail(
-    sys.version_info >= (3, 12), raises=DeprecationWarning, strict=True,
-    reason='replacement workers are forked from a multi-threaded process')
-
-
-@pytest.fixture
-def replaces_workers(request, method):
-    if method == 'fork':
-        request.applymarker(_FORK_WHILE_THREADED)
 
 
 def run_two_epochs(dataset, method, **kwargs):
@@ -59,7 +44,7 @@ def run_two_epochs(dataset, method, **kwargs):
 @pytest.mark.parametrize('fault,how', [
     ('exit', 'exit code 7'), ('sigkill', 'signal 9'),
     ('sigsegv', 'signal 11')])
-def test_dead_worker_is_replaced_and_nothing_is_lost(replaces_workers, method,
+def test_dead_worker_is_replaced_and_nothing_is_lost(method,
                                                      fault, how,
                                                      tmp_path, capfd):
     dataset = Faulty(20, bad=13, fault=fault,
@@ -74,7 +59,7 @@ def test_dead_worker_is_replaced_and_nothing_is_lost(replaces_workers, method,
     assert 'Traceback' not in capfd.readouterr().err
 
 
-def test_death_is_detected_within_seconds(replaces_workers, method, tmp_path):
+def test_death_is_detected_within_seconds(method, tmp_path):
     dataset = Faulty(8, bad=5, fault='sigkill',
                      once_file=str(tmp_path / 'happened'))
     with MultiprocessIterator(dataset, 4, n_processes=1, shuffle=False,
@@ -100,11 +85,11 @@ def test_death_while_finished_batches_wait_for_the_consumer(method,
     with MultiprocessIterator(dataset, 1, n_processes=2, n_prefetch=8,
                               shuffle=False, start_method=method) as it:
         # The workers before any could load example 5 (next() sends it).
-        first = {p.pid for p in multiprocessing.active_children()}
+        first = worker_pids()
         assert int(next(it)[0][0]) == 0
         assert wait_for_file(once, timeout=30)
         deadline = time.monotonic() + 10
-        while not {p.pid for p in multiprocessing.active_children()} - first:
+        while not worker_pids() - first:
             assert time.monotonic() < deadline, 'the death went unnoticed'
             time.sleep(0.01)   # polling with a deadline
         with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
@@ -124,7 +109,7 @@ class LargeBatches(Faulty):
         return str(i).encode().ljust(100)
 
 
-def test_death_with_large_tasks_and_results(replaces_workers, method,
+def test_death_with_large_tasks_and_results(method,
                                             tmp_path):
     # The dead worker's tasks (20,000 indices each) go to its replacement,
     # whose results (2 MB each) only the receiver thread reads: that thread
@@ -140,7 +125,7 @@ def test_death_with_large_tasks_and_results(replaces_workers, method,
                 assert len(batch) == 20000
 
 
-def test_batch_that_keeps_killing_workers_raises(replaces_workers, method):
+def test_batch_that_keeps_killing_workers_raises(method):
     dataset = Faulty(12, bad=6, fault='sigkill')
     with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
                               start_method=method) as it:

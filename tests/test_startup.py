@@ -1,7 +1,6 @@
 """A worker that cannot start raises at once, with the real exception as
 ``__cause__``, and no more workers are started."""
 
-import multiprocessing
 import threading
 import time
 
@@ -18,8 +17,7 @@ def _workers_gone(timeout):
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while True:
-        alive = [p for p in multiprocessing.active_children()
-                 if p.name.startswith('chainiter-worker')]
+        alive = helpers.worker_pids()
         if not alive or time.monotonic() >= deadline:
             return not alive
         pause.wait(0.02)

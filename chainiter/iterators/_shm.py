@@ -90,17 +90,32 @@ class SharedBuffer:
                     raise
                 tried.append((directory, free))
                 continue
+            try:
+                shared = cls(size, fd)
+            except OSError as e:
+                os.close(fd)
+                if e.errno != errno.ENOMEM:
+                    raise
+                raise MemoryError(
+                    'cannot map {} of shared memory: the address space is '
+                    'exhausted (ulimit -v / RLIMIT_AS?). Raise the limit, or '
+                    'lower n_prefetch, batch_size or shared_mem'.format(
+                        _size_text(size))) from e
             if tried:
-                warnings.warn(
-                    'shared-memory buffers of {} do not fit in {} ({} free), '
-                    'so they were placed in {}, which may be slower. Enlarge '
-                    '/dev/shm (e.g. docker run --shm-size=..., or mount -o '
-                    'remount,size=... /dev/shm) or lower n_prefetch, '
-                    'batch_size or shared_mem'.format(
-                        _size_text(size), tried[0][0],
-                        _size_text(tried[0][1]), directory),
-                    SharedMemoryWarning, stacklevel=4)
-            return cls(size, fd)
+                try:
+                    warnings.warn(
+                        'shared-memory buffers of {} do not fit in {} ({} free), '
+                        'so they were placed in {}, which may be slower. Enlarge '
+                        '/dev/shm (e.g. docker run --shm-size=..., or mount -o '
+                        'remount,size=... /dev/shm) or lower n_prefetch, '
+                        'batch_size or shared_mem'.format(
+                            _size_text(size), tried[0][0],
+                            _size_text(tried[0][1]), directory),
+                        SharedMemoryWarning, stacklevel=4)
+                except BaseException:     # the warning is an error here
+                    shared.release()
+                    raise
+            return shared
         raise MemoryError(
             'no room for {} of shared-memory buffers: {}. Enlarge /dev/shm '
             '(e.g. docker run --shm-size=...) or the temporary directory '

@@ -19,6 +19,7 @@ the parent's to handle.
 import ctypes
 import os
 import pickle
+import select
 import signal
 import struct
 import sys
@@ -96,7 +97,7 @@ class RemoteTraceback(Exception):
         return '\n\n"""\n{}"""'.format(self.tb)
 
 
-def _watch_parent(parent_pid, by_main_thread):
+def watch_parent(parent_pid, by_main_thread):
     """Exit when the parent dies, even while ``dataset[i]`` is stuck."""
     # The kernel's parent-death signal fires when the THREAD that started
     # the worker ends: use it only for workers the main thread started.
@@ -168,7 +169,7 @@ STARTUP_FAILED = -1
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent_pid, by_main_thread)
+    watch_parent(parent_pid, by_main_thread)
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
     what = 'the dataset could not be unpickled in the worker'
@@ -412,7 +413,11 @@ def _at_least(fd, data, pos, n):
 def _read_into(fd, target, filled):
     view = memoryview(target)
     while filled < len(target):
-        n = os.readv(fd, [view[filled:]])
+        try:
+            n = os.readv(fd, [view[filled:]])
+        except BlockingIOError:     # the parent's end is non-blocking
+            select.select([fd], [], [])
+            continue
         if n == 0:
             raise EOFError
         filled += n

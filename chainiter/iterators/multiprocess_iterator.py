@@ -30,6 +30,7 @@ buffer: that worker may be blocked writing a result only the receiver reads.
 """
 
 import ctypes
+import errno
 import functools
 import multiprocessing
 import multiprocessing.connection
@@ -69,9 +70,9 @@ from chainiter.iterators._worker import (
     Task,
     encode_task,
     receive_results,
-    send_frame,
-    worker_main,
 )
+from chainiter.iterators._launch import ForkLauncher, ProcessLauncher
+from chainiter.iterators._outbox import Outbox
 
 _JOIN_TIMEOUT_S = 1.0         # then terminate, then kill
 _RECEIVER_POLL_S = 1.0        # receiver thread wakes up at least this often
@@ -79,16 +80,11 @@ _MAX_DEATHS_PER_BATCH = 3
 _GROWTH = 1.25                # buffers grow at least by this factor
 # The receiver thread rests while this many batches wait for the consumer,
 # until fewer than _READY_LOW do: results then pile up in the pipes and one
-# wake-up reads several, instead of one wake-up per result.  It is woken
-# before a task is sent that might not fit in the worker's socket buffer:
-# the worker may be blocked writing a result only the receiver reads.
+# wake-up reads several, instead of one wake-up per result.  It never rests
+# while a message waits in an outbox.
 _READY_HIGH = 4
 _READY_LOW = 2
 
-
-# Put in the ready queue to have next() make the sends the receiver thread
-# deferred to it.
-_SEND_DEFERRED = object()
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
 _CLOSED = object()
 
@@ -105,18 +101,12 @@ def _forget_workers_in_child():
     if children is None:
         return
     for pool in list(_POOLS):
-        for worker in list(pool._workers):
-            children.discard(worker.process)
+        for process in pool._launcher.processes():
+            children.discard(process)
 
 
 if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_forget_workers_in_child)
-
-
-def _send_cost(task):
-    """More than the bytes a task takes in a socket buffer: the kernel
-    counts about twice the payload, plus a fixed overhead per message."""
-    return 16 * len(task.indices) + 1024
 
 
 def _stacking_padding(converter):
@@ -132,12 +122,11 @@ def _stacking_padding(converter):
 
 
 class _Slot:
-    __slots__ = ('busy', 'exporter', 'index', 'owner', 'shared')
+    __slots__ = ('exporter', 'index', 'owner', 'shared')
 
     def __init__(self, index):
         self.index = index
         self.shared = None     # its SharedBuffer, once it is first needed
-        self.busy = 0          # chunks that may still write into it
         self.owner = None      # (generation, seq) of the batch it is for
         self.exporter = None   # weak reference to the hand-out's exporter
 
@@ -182,50 +171,32 @@ class _Batch:
 
 
 class _Worker:
-    def __init__(self, worker_id, process, conn):
+    """A worker process as the pool sees it."""
+
+    def __init__(self, worker_id, launched):
         self.id = worker_id
-        self.process = process
-        self.conn = conn
-        self.sentinel = process.sentinel
-        self.send_lock = threading.Lock()
-        self.outstanding = {}  # (seq, chunk) -> Task
+        self.launched = launched
+        self.conn = launched.conn
+        self.outbox = Outbox(launched.conn)
+        self.outstanding = {}  # (seq, chunk) -> Task, in the order sent
         self.sent = 0
-        self.queued = 0        # _send_cost of the outstanding tasks
-        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-            # Tasks up to this much never block a send (see _READY_HIGH).
-            self.room = sock.getsockopt(socket.SOL_SOCKET,
-                                        socket.SO_SNDBUF) // 2
-
-    def send(self, message):
-        """Send, ignoring a worker that has just died: its sentinel tells
-        the receiver thread, which gives its tasks to a new worker."""
-        self._send(self.conn.send, message)
-
-    def send_bytes(self, data):
-        self._send(functools.partial(send_frame, self.conn), data)
+        self.retired = False   # takes no more tasks; its exit is expected
+        self.at_eof = False    # its end of the socket is closed
 
     def send_slot(self, buffer_id, slot):
         """Hand a slot's memory to the worker: a message, then the file
         descriptor itself over the same socket."""
-        def send(message):
-            self.conn.send(message)
-            reduction.send_handle(self.conn, slot.shared.fd,
-                                  self.process.pid)
-        self._send(send, ('slot', buffer_id, slot.index, slot.shared.size))
+        self.outbox.put_object(('slot', buffer_id, slot.index,
+                                slot.shared.size))
+        self.outbox.put_fd(slot.shared.fd)
 
-    def _send(self, send, message):
-        try:
-            with self.send_lock:
-                if not self.conn.closed:
-                    send(message)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            pass   # the worker is dead or dying
+    def retire(self):
+        self.retired = True
+        self.outbox.shut()
 
     def close(self):
-        """Close the pipe; under the send lock, so that a send made by
-        another thread never writes to a closed (or reused) descriptor."""
-        with self.send_lock:
-            self.conn.close()
+        self.outbox.close()
+        self.conn.close()
 
 
 class _Pool:
@@ -238,12 +209,7 @@ class _Pool:
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_prefetch, layout=None):
         self.owner = os.getpid()   # only this process may use or close it
-        _POOLS.add(self)
-        self._ctx = ctx
-        self._dataset = dataset
         self._n_workers = n_workers
-        self._seed = seed
-        self._worker_init_fn = worker_init_fn
         self._max_tasks = max_tasks
         self._n_prefetch = n_prefetch
         # In flight, the one the user holds, and one being handed out.
@@ -255,20 +221,35 @@ class _Pool:
         self._next_seq = 0
         self._inflight = {}
         self._workers = []
+        self._gone = []
+        self._unassigned = []    # tasks that wait for a worker to start
         self._next_worker_id = 0
         self._buffers = None
         self._events = []        # warnings to raise in the main thread
-        # Sends that next() makes outside the lock (see submit).
-        self._deferred = []
         self._closed = False
-        # A worker that could not start (worker_init_fn raised, the dataset
-        # could not be unpickled): every batch fails with it from then on.
-        self._startup_error = None
+        # (message, cause) once no worker can start (worker_init_fn raised,
+        # the dataset could not be unpickled, the launcher died): every
+        # batch fails with it from then on.
+        self._failure = None
+        # The worker whose messages are being changed: when an exception
+        # (a KeyboardInterrupt) interrupts that, its stream may be cut in
+        # the middle of a message, or its tasks be known wrongly.
+        self._touched = None
         self._stop = threading.Event()
         self._wanted = threading.Event()
         self._wanted.set()
-        self._wake_r, self._wake_w = multiprocessing.connection.Pipe(
-            duplex=False)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        if ctx.get_start_method() == 'fork':
+            # Forked now, while this pool has no thread of its own.
+            self._launcher = ForkLauncher(ctx, (
+                dataset, seed, n_workers, worker_init_fn, max_tasks))
+        else:
+            self._launcher = ProcessLauncher(ctx, (
+                PickledDataset(dataset), seed, n_workers, worker_init_fn,
+                max_tasks))
+        _POOLS.add(self)
         if layout is not None:      # before any worker starts
             self.use_layout(layout)
         for _ in range(n_workers):
@@ -280,25 +261,12 @@ class _Pool:
     # ---- workers ---------------------------------------------------------
 
     def _start_worker(self):
-        parent_conn, child_conn = self._ctx.Pipe()
         worker_id = self._next_worker_id % self._n_workers
         self._next_worker_id += 1
-        dataset = self._dataset
-        if self._ctx.get_start_method() != 'fork':
-            dataset = PickledDataset(dataset)
-        process = self._ctx.Process(
-            target=worker_main, name='chainiter-worker-{}'.format(worker_id),
-            args=(child_conn, dataset, self._seed, worker_id,
-                  self._n_workers, self._worker_init_fn, os.getpid(),
-                  self._max_tasks,
-                  threading.current_thread() is threading.main_thread()),
-            daemon=True)
-        process.start()
-        child_conn.close()
-        worker = _Worker(worker_id, process, parent_conn)
+        worker = _Worker(worker_id, self._launcher.start(worker_id))
         buffers = self._buffers
         if buffers is not None:
-            worker.send(('layout', buffers.id, buffers.layout))
+            worker.outbox.put_object(('layout', buffers.id, buffers.layout))
             for slot in buffers.allocated():
                 worker.send_slot(buffers.id, slot)
         self._workers.append(worker)
@@ -307,25 +275,59 @@ class _Pool:
 
     def _wake_receiver(self):
         try:
-            self._wake_w.send_bytes(b'w')
+            os.write(self._wake_w, b'w')
         except OSError:
-            pass
+            pass       # full: a wake-up is waiting already
+
+    def _flushed(self):
+        """Wake the receiver thread when a message waits in an outbox."""
+        if any(worker.outbox.pending for worker in self._workers):
+            self._wanted.set()
+            self._wake_receiver()
+
+    def _replenish(self):
+        """Start workers until enough take tasks; give them the tasks that
+        waited for one (receiver thread, under the lock)."""
+        if self._failure is not None or self._closed:
+            return
+        while len(self._accepting()) < self._n_workers:
+            self._start_worker()
+        tasks, self._unassigned = self._unassigned, []
+        for task in tasks:
+            if task.generation == self._generation:
+                self._assign(task)
 
     def _accepting(self):
-        return [w for w in self._workers
-                if self._max_tasks is None or w.sent < self._max_tasks]
+        return [w for w in self._workers if not w.retired and (
+            self._max_tasks is None or w.sent < self._max_tasks)]
 
     def _assign(self, task):
-        """Give ``task`` to the least busy worker; return the send that
-        hands it over (the caller may make it after releasing the lock)."""
+        """Give ``task`` to the least busy worker (sent at once, or left in
+        its outbox for the receiver thread).  Workers are started only by
+        the receiver thread (an interrupt may land in the main thread): a
+        task that finds no worker waits for it."""
         workers = self._accepting()
-        while len(workers) < self._n_workers:
-            workers.append(self._start_worker())
+        if len(workers) < self._n_workers:
+            self._wanted.set()
+            self._wake_receiver()
+        if not workers:
+            self._unassigned.append(task)
+            return
         worker = min(workers, key=lambda w: len(w.outstanding))
+        # Recorded before it is sent: a task that may have been sent is
+        # one whose slot is busy.
+        self._touched = worker
         worker.outstanding[(task.seq, task.chunk)] = task
         worker.sent += 1
-        worker.queued += _send_cost(task)
-        return functools.partial(worker.send_bytes, encode_task(task))
+        worker.outbox.put(encode_task(task))
+        self._touched = None
+
+    def _send_slot(self, worker, buffer_id, slot, layout=None):
+        self._touched = worker
+        if layout is not None:
+            worker.outbox.put_object(('layout', buffer_id, layout))
+        worker.send_slot(buffer_id, slot)
+        self._touched = None
 
     # ---- the main thread's side -------------------------------------------
 
@@ -342,71 +344,70 @@ class _Pool:
             generation = self._generation
             batch = _Batch(generation, seq, step, n_chunks, slot, buffers)
             self._inflight[seq] = batch
-            if self._startup_error is not None:
+            if self._failure is not None:
                 self._fail(batch)
-                return generation, seq
-            if slot is not None:
-                slot.busy += n_chunks
-                slot.owner = (generation, seq)
-            slot_index = -1 if slot is None else slot.index
-            buffer_id = -1 if buffers is None else buffers.id
-            if n_chunks == 1:
-                sends = [self._assign(Task(
-                    generation, seq, 0, 0, step.indices, step.spans,
-                    slot_index, buffer_id, seed))]
             else:
+                if slot is not None:
+                    slot.owner = (generation, seq)
+                slot_index = -1 if slot is None else slot.index
+                buffer_id = -1 if buffers is None else buffers.id
                 bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
-                sends = [self._assign(Task(
-                    generation, seq, chunk, a, step.indices[a:b],
-                    _state.cut_spans(step.spans, a, b), slot_index,
-                    buffer_id, seed))
-                    for chunk, (a, b) in enumerate(zip(bounds[:-1],
-                                                       bounds[1:]))]
-            blocking = self._send_may_block()
-            if self._deferred:   # new slots first, then the tasks
-                sends = self._deferred + sends
-                self._deferred = []
-        if blocking and not self._wanted.is_set():
-            self._wanted.set()
-        # Outside the lock: a send may wait for a worker that waits for the
-        # receiver thread to read its results, and that thread needs the
-        # lock.  A worker that died meanwhile has its tasks given to a new
-        # worker by the receiver thread; this send is lost.
-        for send in sends:
-            send()
+                for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+                    self._assign(Task(
+                        generation, seq, chunk, a,
+                        step.indices if n_chunks == 1 else step.indices[a:b],
+                        step.spans if n_chunks == 1 else
+                        _state.cut_spans(step.spans, a, b),
+                        slot_index, buffer_id, seed))
+                self._flushed()
         return generation, seq
+
+    def _busy_slots(self, buffers):
+        """Slots that a task sent to a worker may still write into."""
+        return {task.slot for worker in self._workers
+                for task in worker.outstanding.values()
+                if task.buffer_id == buffers.id}
 
     def _free_slot(self):
         buffers = self._buffers
         if buffers is None:
             return None, None
         slots = buffers.slots
+        busy = None
         for k in range(buffers.next, buffers.next + len(slots)):
             slot = slots[k % len(slots)]
-            if slot.shared is not None and slot.busy == 0 and (
+            if slot.shared is not None and (
                     slot.owner is None or slot.owner[0] != self._generation) \
                     and (slot.exporter is None or slot.exporter() is None):
+                if busy is None:
+                    busy = self._busy_slots(buffers)
+                if slot.index in busy:
+                    continue
                 buffers.next = slot.index + 1
                 return slot, buffers
         for slot in buffers.slots:
             if slot.shared is None and not buffers.cannot_allocate:
                 try:
-                    self._allocate(buffers, slot)
-                except MemoryError as e:
+                    slot.shared = SharedBuffer.allocate(
+                        buffers.layout.slot_bytes)
+                except (MemoryError, OSError) as e:
+                    if isinstance(e, OSError) and e.errno not in (
+                            errno.EMFILE, errno.ENFILE, errno.ENOMEM,
+                            errno.ENOSPC):
+                        raise
                     buffers.cannot_allocate = True
                     self._events.append((SharedMemoryWarning, (
-                        'no room for one more shared-memory slot, so '
-                        'batches that find no free slot come by copy: '
-                        '{}'.format(e))))
+                        'no room for one more shared-memory slot ({} of '
+                        'the {} that n_prefetch={} may use are in use), so '
+                        'batches that find no free slot come by copy, which '
+                        'is slower; lower n_prefetch or raise the limit: '
+                        '{}'.format(len(buffers.allocated()), self._n_slots,
+                                    self._n_prefetch, e))))
                     return None, None
+                for worker in self._workers:   # before the task
+                    self._send_slot(worker, buffers.id, slot)
                 return slot, buffers
         return None, None
-
-    def _allocate(self, buffers, slot):
-        slot.shared = SharedBuffer.allocate(buffers.layout.slot_bytes)
-        for worker in self._workers:   # sent by submit, before the task
-            self._deferred.append(functools.partial(
-                worker.send_slot, buffers.id, slot))
 
     def wait(self, handle, timeout):
         """The finished ``_Batch`` of ``handle``; warns every ``timeout``
@@ -441,20 +442,11 @@ class _Pool:
             if not self._wanted.is_set() and \
                     self._ready.qsize() < _READY_LOW:
                 self._wanted.set()
-            if batch is _SEND_DEFERRED:
-                self._send_deferred()
-                continue
             if isinstance(batch, BaseException):
                 raise batch
             if batch.generation == generation and batch.seq == seq:
                 self._raise_events()
                 return batch
-
-    def _send_deferred(self):
-        with self._lock:
-            sends, self._deferred = self._deferred, []
-        for send in sends:
-            send()
 
     def _raise_events(self):
         if not self._events:
@@ -480,9 +472,16 @@ class _Pool:
     def new_generation(self):
         """Drop every batch in flight (their results are ignored)."""
         with self._lock:
+            if self._touched is not None:
+                # An exception interrupted a send: that worker finishes
+                # what it has, then exits; a new one takes over.
+                self._touched.retire()
+                self._touched = None
             self._generation += 1
             self._inflight.clear()
+            self._unassigned = []
             self._reorderer.reset(self._next_seq)
+        self._wake_receiver()
 
     def use_layout(self, layout):
         """Switch to buffers for ``layout`` (its first slot is allocated at
@@ -494,13 +493,10 @@ class _Pool:
             new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
             self._buffers = new
             for worker in self._workers:
-                self._deferred.append(functools.partial(
-                    worker.send, ('layout', new.id, layout)))
-                self._deferred.append(functools.partial(
-                    worker.send_slot, new.id, new.slots[0]))
+                self._send_slot(worker, new.id, new.slots[0], layout)
             if old is not None:
                 old.close()
-        self._send_deferred()
+            self._flushed()
 
     @property
     def layout(self):
@@ -510,51 +506,52 @@ class _Pool:
     # ---- the receiver thread ------------------------------------------------
 
     def _receive_loop(self):
-        """Wait on every worker's pipe, every worker's sentinel and the
-        wake-up pipe at once, with one selector kept across iterations;
-        rest while enough batches wait for the consumer (a death is then
-        noticed once the consumer needs more, or within _RECEIVER_POLL_S)."""
+        """Wait on every worker's socket (to read; to write too when its
+        outbox holds messages), on the launcher and on the wake-up pipe, at
+        once; rest while enough batches wait for the consumer (a death is
+        then noticed once the consumer needs more, or within
+        _RECEIVER_POLL_S)."""
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
-        watched = {}
+        watched = {}             # registered object -> events
         try:
             while not self._stop.is_set():
                 if self._may_rest():
                     # next() sets the event when the queue runs short or
-                    # a send might block: clear, then look again, so that
-                    # no such wake-up is lost.  Every _RECEIVER_POLL_S it
-                    # looks at the pipes and sentinels once all the same,
-                    # so that a death is noticed within seconds.
+                    # a message waits: clear, then look again, so that no
+                    # such wake-up is lost.  Every _RECEIVER_POLL_S it
+                    # looks at the sockets once all the same, so that a
+                    # death is noticed within seconds.
                     self._wanted.clear()
                     if self._may_rest() and \
                             self._wanted.wait(_RECEIVER_POLL_S):
                         continue
-                workers = self._workers
-                if set(watched) != set(workers):
-                    for worker in set(watched) - set(workers):
-                        for obj in watched.pop(worker):
-                            selector.unregister(obj)
-                        worker.close()
-                    for worker in set(workers) - set(watched):
-                        selector.register(worker.conn, selectors.EVENT_READ,
-                                          (worker, False))
-                        selector.register(worker.sentinel,
-                                          selectors.EVENT_READ,
-                                          (worker, True))
-                        watched[worker] = (worker.conn, worker.sentinel)
-                ready = [key.data for key, _ in
-                         selector.select(_RECEIVER_POLL_S)]
+                self._watch(selector, watched)
+                ready = selector.select(_RECEIVER_POLL_S)
                 if self._stop.is_set():
                     return
-                for data in ready:
-                    if data is not None and not data[1]:
-                        self._receive(data[0])
-                for data in ready:
-                    if data is not None and data[1]:
-                        self._worker_exited(data[0])
-                if None in ready:
-                    while self._wake_r.poll():
-                        self._wake_r.recv_bytes()
+                exited = []
+                for key, events in ready:
+                    what = key.data
+                    if what is None:
+                        try:
+                            while os.read(self._wake_r, 4096):
+                                pass
+                        except BlockingIOError:
+                            pass
+                    elif what == 'launcher':
+                        exited.append(key.fileobj)
+                    else:
+                        if events & selectors.EVENT_WRITE:
+                            what.outbox.flush()
+                        if events & selectors.EVENT_READ:
+                            self._receive(what)
+                with self._lock:
+                    for launched in self._launcher.exits(exited):
+                        self._worker_exited(launched)
+                    if self._unassigned or \
+                            len(self._accepting()) < self._n_workers:
+                        self._replenish()
         except BaseException as e:   # a bug here must not hang next()
             if not self._closed:
                 self._ready.put(ChainiterError(
@@ -564,19 +561,40 @@ class _Pool:
         finally:
             selector.close()
 
-    def _send_may_block(self):
-        return any(w.queued > w.room for w in self._workers)
+    def _watch(self, selector, watched):
+        """Bring the selector up to date with the workers and launcher."""
+        wanted = {obj: (selectors.EVENT_READ, 'launcher')
+                  for obj in self._launcher.watched()}
+        for worker in list(self._workers):
+            events = 0 if worker.at_eof else selectors.EVENT_READ
+            if worker.outbox.pending:
+                events |= selectors.EVENT_WRITE
+            if events:
+                wanted[worker.conn] = (events, worker)
+        for obj in list(watched):
+            if obj not in wanted:
+                selector.unregister(obj)
+                del watched[obj]
+        while self._gone:        # unregistered: now their sockets may go
+            self._gone.pop().close()
+        for obj, (events, data) in wanted.items():
+            if obj not in watched:
+                selector.register(obj, events, data)
+            elif watched[obj] != events:
+                selector.modify(obj, events, data)
+            watched[obj] = events
 
     def _may_rest(self):
-        return self._ready.qsize() >= _READY_HIGH and \
-            not self._send_may_block()
+        return self._ready.qsize() >= _READY_HIGH and not self._unassigned \
+            and not any(worker.outbox.pending for worker in self._workers)
 
     def _receive(self, worker):
-        """Read the results waiting in the worker's pipe."""
+        """Read the results waiting in the worker's socket."""
         try:
             messages = receive_results(worker.conn)
         except (EOFError, OSError):
-            return   # the worker died; its sentinel tells
+            worker.at_eof = True   # it has exited; the launcher tells
+            return
         with self._lock:
             for message in messages:
                 self._on_result(worker, message)
@@ -587,11 +605,7 @@ class _Pool:
             self._on_startup_failure(worker, payload)
             return
         task = worker.outstanding.pop((seq, chunk), None)
-        if task is None:
-            return
-        worker.queued -= _send_cost(task)
-        self._release_chunk(task)
-        if generation != self._generation:
+        if task is None or generation != self._generation:
             return
         batch = self._inflight.get(seq)
         if batch is None:
@@ -613,107 +627,97 @@ class _Pool:
     def _on_startup_failure(self, worker, payload):
         """A worker could not start: start no more (they would fail the
         same way, forever), and fail every batch with the real cause."""
-        if self._startup_error is None:
+        if self._failure is None:
             _, remote = pickle.loads(payload)
             cause = remote.exception
             if cause is None:
                 cause = ChainiterError('{}: {}'.format(remote.type_name,
                                                        remote.message))
             cause.__cause__ = RemoteTraceback(remote.traceback)
-            self._startup_error = (
+            self._fail_all(
                 'worker process {} could not start: {}. No more workers are '
                 'started; fix the cause and build a new iterator'.format(
                     worker.id, remote.message), cause)
+
+    def _fail_all(self, message, cause):
+        self._failure = (message, cause)
         for batch in list(self._inflight.values()):
             if batch.generation == self._generation:
                 self._fail(batch)
 
     def _fail(self, batch):
-        message, cause = self._startup_error
+        message, cause = self._failure
         batch.failure = ChainiterError(message)
         batch.failure.__cause__ = cause
         batch.results = {}
         self._complete(batch)
-
-    def _release_chunk(self, task):
-        """The chunk no longer writes into its slot.  (Slots of replaced
-        buffers are never used again, so only the current ones count.)"""
-        buffers = self._buffers
-        if task.slot >= 0 and buffers is not None and \
-                buffers.id == task.buffer_id:
-            buffers.slots[task.slot].busy -= 1
 
     def _complete(self, batch):
         del self._inflight[batch.seq]
         for ready in self._reorderer.push(batch.seq, batch):
             self._ready.put(ready)
 
-    def _worker_exited(self, worker):
-        with self._lock:
-            if worker not in self._workers:
-                return
-            # Results it sent before exiting are still in the pipe.
-            try:
-                while worker.conn.poll():
-                    for message in receive_results(worker.conn):
-                        self._on_result(worker, message)
-            except (EOFError, OSError):
-                pass
-            self._workers.remove(worker)   # the receive loop closes conn
-            worker.process.join()
-            if self._startup_error is not None:
-                return          # no replacement: it would fail the same way
-            lost = list(worker.outstanding.values())
-            retired = self._max_tasks is not None and \
-                worker.sent >= self._max_tasks
-            if not lost and (retired or worker.process.exitcode == 0):
-                return          # retired after maxtasksperchild
-            if self._closed:
-                return
-            # None when another thread's waitpid (multiprocessing reaps
-            # every child when a process starts) took the status first.
-            code = worker.process.exitcode
-            how = 'an unknown exit status' if code is None else \
-                'exit code {}'.format(code) if code >= 0 else \
-                'signal {}'.format(-code)
-            if code == -9:
-                how += ' (SIGKILL: probably killed by the OOM killer)'
-            self._events.append((WorkerRestartWarning, (
-                'worker process {} (pid {}) died with {}; a new worker '
-                'takes over and {} unfinished chunk(s) are loaded '
-                'again'.format(worker.id, worker.process.pid, how,
-                               len(lost)))))
-            for task in lost:
-                self._release_chunk(task)
-            current = [task for task in lost
-                       if task.generation == self._generation
-                       and task.seq in self._inflight]
-            for seq in sorted({task.seq for task in current}):
-                batch = self._inflight[seq]
-                batch.deaths += 1
-                if batch.deaths >= _MAX_DEATHS_PER_BATCH:
-                    batch.failure = WorkerDiedError(
-                        'worker processes died {} times while loading the '
-                        'batch of dataset indices {}; the last one (pid {}) '
-                        'died with {}. The iterator stays at this '
-                        'batch'.format(batch.deaths,
-                                       _short_list(batch.step.indices),
-                                       worker.process.pid, how))
-                    batch.results = {}
-                    self._complete(batch)
-            for task in current:
-                batch = self._inflight.get(task.seq)
-                if batch is None:
-                    continue      # failed above
-                if task.slot >= 0 and batch.slot is not None:
-                    batch.slot.busy += 1
-                # Sent by next(): this thread must never wait on a worker
-                # that may itself wait for this thread to read its results.
-                self._deferred.append(self._assign(task))
-            if self._deferred:
-                self._ready.put(_SEND_DEFERRED)
-            while len(self._accepting()) < self._n_workers:
-                self._start_worker()
+    def _worker_exited(self, launched):
+        worker = next((w for w in self._workers if w.launched is launched),
+                      None)
+        if worker is None:
+            return
+        # Results it sent before exiting are still in the socket.
+        try:
+            while worker.conn.poll():
+                for message in receive_results(worker.conn):
+                    self._on_result(worker, message)
+        except (EOFError, OSError):
+            pass
+        self._workers.remove(worker)
+        self._gone.append(worker)      # closed by _watch
+        lost = list(worker.outstanding.values())
+        expected = worker.retired or (self._max_tasks is not None and
+                                      worker.sent >= self._max_tasks)
+        if self._failure is not None or self._closed or \
+                (not lost and (expected or launched.exitcode == 0)):
+            return
+        code = launched.exitcode
+        how = 'an unknown exit status' if code is None else \
+            'exit code {}'.format(code) if code >= 0 else \
+            'signal {}'.format(-code)
+        if code == -9:
+            how += ' (SIGKILL: probably killed by the OOM killer)'
+        current = [task for task in lost
+                   if task.generation == self._generation
+                   and task.seq in self._inflight]
+        if not current and worker.retired:
+            return                # nothing it had is still wanted
+        self._events.append((WorkerRestartWarning, (
+            'worker process {} (pid {}) died with {}; a new worker '
+            'takes over and {} unfinished chunk(s) are loaded '
+            'again'.format(worker.id, launched.pid, how, len(current)))))
+        if not getattr(self._launcher, 'alive', True):
+            self._fail_all(
+                'the process that starts the worker processes (pid {}) '
+                'died, and the workers with it; build a new iterator (a '
+                'snapshot taken before resumes exactly)'.format(
+                    self._launcher.process.pid), None)
+            return
+        if current:
+            # Only the batch it was loading (the oldest task it had)
+            # counts this death; the ones queued behind it are innocent.
+            loading = self._inflight[current[0].seq]
+            loading.deaths += 1
+            if loading.deaths >= _MAX_DEATHS_PER_BATCH:
+                loading.failure = WorkerDiedError(
+                    'worker processes died {} times while loading the '
+                    'batch of dataset indices {}; the last one (pid {}) '
+                    'died with {}. The iterator stays at this '
+                    'batch'.format(loading.deaths,
+                                   _short_list(loading.step.indices),
+                                   launched.pid, how))
+                loading.results = {}
+                self._complete(loading)
+        self._replenish()
+        for task in current:
+            if task.seq in self._inflight:
+                self._assign(task)
 
     # ---- shutdown ----------------------------------------------------------
 
@@ -729,32 +733,18 @@ class _Pool:
         self._wake_receiver()
         if threading.current_thread() is not self._thread:
             self._thread.join(_JOIN_TIMEOUT_S * 5)
-        workers = list(self._workers)
-        for worker in workers:
-            try:
-                # Without waiting: a worker whose socket is full (it may be
-                # blocked writing a result no one reads now) is terminated
-                # below instead.
-                os.set_blocking(worker.conn.fileno(), False)
-                worker.send(None)   # exit after the task at hand
-            except OSError:
-                pass
+        for worker in self._gone:
             worker.close()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
-        for worker in workers:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
-        for worker in workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
-        for worker in workers:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+        for worker in list(self._workers):
+            # Without waiting: a worker whose socket is full (it may be
+            # blocked writing a result no one reads now) is stopped by
+            # the launcher instead.
+            worker.outbox.put_object(None)   # exit after the task at hand
+            worker.close()
         self._workers = []
-        self._wake_r.close()
-        self._wake_w.close()
+        self._launcher.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         if self._buffers is not None:
             self._buffers.release()
 

@@ -1,0 +1,248 @@
+"""Starting worker processes, and learning when they exit.
+
+Two launchers with one interface: ``start(worker_id)`` returns a
+``Launched`` (its ``conn`` is the parent's end of the worker's socket, usable
+at once), ``watched()`` lists what the receiver thread must wait on, and
+``exits(ready)`` turns the ones that were ready into ``(launched, exitcode)``.
+
+- ``ProcessLauncher`` (spawn, forkserver): one ``Process`` per worker.  These
+  start methods never fork the calling process, so any thread may start a
+  worker.
+- ``ForkLauncher`` (fork): a helper process, forked once when the pool starts
+  (before its receiver thread exists), forks every worker, the replacements
+  of dead workers included.  Forking a process that has other threads may
+  deadlock the child (Python 3.12+ warns); the helper never has any.  Its
+  workers see the dataset as it was when the pool started.
+"""
+
+import array
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+import time
+
+from chainiter.iterators import _worker
+
+_JOIN_TIMEOUT_S = 1.0     # then terminate, then kill
+
+
+class Launched:
+    """A started worker process, as the pool sees it."""
+
+    def __init__(self, key, conn, process=None):
+        self.key = key
+        self.conn = conn
+        self.process = process          # ProcessLauncher only
+        self.pid = None if process is None else process.pid
+        self.exitcode = None
+
+
+def stop(processes, timeout=_JOIN_TIMEOUT_S):
+    """Join, then terminate, then kill: every process has exited on return."""
+    for how in (None, 'terminate', 'kill'):
+        deadline = time.monotonic() + timeout
+        for process in processes:
+            if how is not None and process.is_alive():
+                getattr(process, how)()
+            process.join(None if how == 'kill' else
+                         max(0.0, deadline - time.monotonic()))
+
+
+def _worker_args(pool_args, worker_id, conn, parent_pid, by_main_thread):
+    dataset, seed, n_workers, worker_init_fn, max_tasks = pool_args
+    return (conn, dataset, seed, worker_id, n_workers, worker_init_fn,
+            parent_pid, max_tasks, by_main_thread)
+
+
+class ProcessLauncher:
+
+    def __init__(self, ctx, pool_args):
+        self._ctx = ctx
+        self._args = pool_args
+        self._next_key = 0
+        self._running = {}     # sentinel -> Launched
+
+    def start(self, worker_id):
+        parent_conn, child_conn = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=_worker.worker_main,
+            name='chainiter-worker-{}'.format(worker_id),
+            args=_worker_args(
+                self._args, worker_id, child_conn, os.getpid(),
+                threading.current_thread() is threading.main_thread()),
+            daemon=True)
+        process.start()
+        child_conn.close()
+        launched = Launched(self._next_key, parent_conn, process)
+        self._next_key += 1
+        self._running[process.sentinel] = launched
+        return launched
+
+    def watched(self):
+        return list(self._running)
+
+    def exits(self, ready):
+        out = []
+        for sentinel in ready:
+            launched = self._running.pop(sentinel, None)
+            if launched is not None:
+                launched.process.join()
+                launched.exitcode = launched.process.exitcode
+                out.append(launched)
+        return out
+
+    def processes(self):
+        """What multiprocessing counts as this process's children."""
+        return [launched.process for launched in self._running.values()]
+
+    def close(self):
+        stop(self.processes())
+        self._running = {}
+
+
+class ForkLauncher:
+
+    def __init__(self, ctx, pool_args):
+        self._control, theirs = socket.socketpair()
+        self._control_lock = threading.Lock()
+        self._next_key = 0
+        self._starting = {}    # key -> Launched, until its pid is known
+        self._running = {}     # key -> Launched
+        self._buffer = b''
+        self.process = ctx.Process(
+            target=_launcher_main, name='chainiter-launcher',
+            args=(theirs, pool_args, os.getpid(),
+                  threading.current_thread() is threading.main_thread()),
+            daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def start(self, worker_id):
+        ours, theirs = socket.socketpair()
+        key = self._next_key
+        self._next_key += 1
+        with self._control_lock:
+            _send_fd(self._control, '{} {}\n'.format(key, worker_id).encode(),
+                     theirs.fileno())
+        theirs.close()
+        conn = multiprocessing.connection.Connection(ours.detach())
+        launched = Launched(key, conn)
+        self._running[key] = launched
+        return launched
+
+    def watched(self):
+        return [self._control, self.process.sentinel]
+
+    def exits(self, ready):
+        """The workers that exited; when the helper itself died, all of
+        them (they die with it)."""
+        out = []
+        if self._control in ready:
+            try:
+                data = self._control.recv(65536)
+            except OSError:
+                data = b''
+            self._buffer += data
+            *lines, self._buffer = self._buffer.split(b'\n')
+            for line in lines:
+                what, key, value = line.split()
+                launched = self._running.get(int(key))
+                if launched is None:
+                    continue
+                if what == b'started':
+                    launched.pid = int(value)
+                else:
+                    launched.exitcode = int(value)
+                    out.append(self._running.pop(int(key)))
+        if self.process.sentinel in ready:
+            self.process.join()
+            for launched in self._running.values():
+                launched.exitcode = -signal.SIGKILL
+                out.append(launched)
+            self._running = {}
+        return out
+
+    @property
+    def alive(self):
+        return self.process.is_alive()
+
+    def processes(self):
+        return [self.process]
+
+    def close(self):
+        """The helper stops its workers (which the pool has told to exit),
+        then exits."""
+        with self._control_lock:
+            try:
+                self._control.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        stop([self.process], timeout=3 * _JOIN_TIMEOUT_S)
+        self._control.close()
+        self._running = {}
+
+
+def _send_fd(sock, data, fd):
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                           array.array('i', [fd]))])
+
+
+def _recv_line_and_fd(sock):
+    """One request: a line, the worker's socket with its first byte."""
+    fds = array.array('i')
+    data, ancdata, _, _ = sock.recvmsg(
+        4096, socket.CMSG_SPACE(fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def _launcher_main(control, pool_args, parent_pid, by_main_thread):
+    """The helper: fork a worker for each request, report every exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker.watch_parent(parent_pid, by_main_thread)
+    # Its workers are daemonic processes of its own, which multiprocessing
+    # refuses to a daemonic process; it ends them itself.
+    multiprocessing.current_process()._config['daemon'] = False
+    ctx = multiprocessing.get_context('fork')
+    running = {}       # sentinel -> (key, Process)
+    pending = b''
+    while True:
+        ready = multiprocessing.connection.wait([control] + list(running))
+        for sentinel in ready:
+            if sentinel in running:
+                key, process = running.pop(sentinel)
+                process.join()
+                control.sendall('exited {} {}\n'.format(
+                    key, process.exitcode).encode())
+        if control not in ready:
+            continue
+        data, fds = _recv_line_and_fd(control)
+        if not data:
+            break      # the pool closed
+        pending += data
+        *lines, pending = pending.split(b'\n')
+        for line, fd in zip(lines, fds):
+            key, worker_id = map(int, line.split())
+            conn = multiprocessing.connection.Connection(fd)
+            process = ctx.Process(
+                target=_run_worker, name='chainiter-worker-{}'.format(
+                    worker_id),
+                args=(control, _worker_args(pool_args, worker_id, conn,
+                                            os.getpid(), True)),
+                daemon=True)
+            process.start()
+            conn.close()
+            running[process.sentinel] = (key, process)
+            control.sendall('started {} {}\n'.format(
+                key, process.pid).encode())
+    stop([process for _, process in running.values()])
+
+
+def _run_worker(control, args):
+    control.close()        # the helper's, not the worker's
+    _worker.worker_main(*args)

@@ -1,0 +1,136 @@
+"""Messages to one worker, sent without ever blocking.
+
+A worker may be blocked writing a result that only the receiver thread
+reads; a thread that waited to send it a task could then wait forever.  So
+no send waits: the parent's end of the worker's socket is non-blocking,
+whatever the socket does not take now stays in the outbox, in order, and the
+receiver thread writes it when the socket has room again.  No estimate of
+the kernel's buffers is needed.
+
+An exception may interrupt a write after the kernel took some bytes and
+before the outbox knows how many (a KeyboardInterrupt in the main thread):
+the stream to that worker may then be cut in the middle of a message, and
+``torn`` tells the pool to retire the worker.
+"""
+
+import array
+import collections
+import os
+import pickle
+import socket
+import struct
+import threading
+
+_LENGTH = struct.Struct('!i')     # multiprocessing.Connection's framing
+_LONG_LENGTH = struct.Struct('!Q')
+
+
+def frame(data):
+    """``data`` framed as ``Connection.send_bytes`` frames it."""
+    if len(data) > 0x7fffffff:
+        return _LENGTH.pack(-1) + _LONG_LENGTH.pack(len(data)) + data
+    return _LENGTH.pack(len(data)) + data
+
+
+class Outbox:
+
+    def __init__(self, conn):
+        self._fd = conn.fileno()
+        os.set_blocking(self._fd, False)
+        self._sock = None               # for passing descriptors
+        self._items = collections.deque()   # [memoryview, fd or -1]
+        self._lock = threading.Lock()
+        self.torn = False
+        self.dead = False               # the worker's end is closed
+
+    def put_object(self, obj):
+        return self.put(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+
+    def put(self, data):
+        """Queue one message and send what the socket takes; True when
+        nothing is left waiting."""
+        with self._lock:
+            self._items.append([memoryview(frame(data)), -1])
+            return self._flush()
+
+    def put_fd(self, fd):
+        """Queue a file descriptor (a duplicate: ``fd`` may be closed at
+        once), read by ``multiprocessing.reduction.recv_handle``."""
+        with self._lock:
+            self._items.append([memoryview(b'\x01'), os.dup(fd)])
+            return self._flush()
+
+    def flush(self):
+        with self._lock:
+            return self._flush()
+
+    @property
+    def pending(self):
+        return bool(self._items) and not self.dead
+
+    def _flush(self):
+        items = self._items
+        while items and not self.dead:
+            item = items[0]
+            self.torn = True            # until the count is recorded
+            try:
+                if item[1] >= 0:
+                    n = self._send_fd(item[0], item[1])
+                else:
+                    n = os.write(self._fd, item[0])
+            except BlockingIOError:
+                self.torn = False
+                return False
+            except OSError:             # the worker has died
+                self.torn = False
+                self.dead = True
+                break
+            if n == len(item[0]):
+                items.popleft()
+                self._close_fd(item)
+            else:
+                item[0] = item[0][n:]
+            self.torn = False
+        if self.dead:
+            self._drop()
+        return True
+
+    def _send_fd(self, data, fd):
+        if self._sock is None:
+            self._sock = socket.socket(fileno=os.dup(self._fd))
+            self._sock.setblocking(False)
+        n = self._sock.sendmsg([data], [(socket.SOL_SOCKET,
+                                         socket.SCM_RIGHTS,
+                                         array.array('i', [fd]))])
+        return n
+
+    @staticmethod
+    def _close_fd(item):
+        if item[1] >= 0:
+            os.close(item[1])
+            item[1] = -1
+
+    def shut(self):
+        """No more messages: the worker reads to the end of what it was
+        sent (perhaps a torn message), then sees the end of the stream."""
+        with self._lock:
+            self.dead = True
+            self._drop()
+            try:
+                with socket.socket(fileno=os.dup(self._fd)) as sock:
+                    sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self):
+        """Drop what waits (the worker is gone or going)."""
+        with self._lock:
+            self.dead = True
+            self._drop()
+
+    def _drop(self):
+        while self._items:
+            self._close_fd(self._items.popleft())
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
