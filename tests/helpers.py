@@ -238,8 +238,15 @@ def worker_pids():
 
 
 def shm_files():
+    """Named files chainiter may have left in /dev/shm.  Its buffers are
+    unlinked as they are made (O_TMPFILE: never named; elsewhere named
+    'chainiter-...' for an instant), so only those names count: other
+    programs' files (multiprocessing's semaphores) come and go."""
     import os
-    return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
+    if not os.path.isdir('/dev/shm'):
+        return set()
+    return {name for name in os.listdir('/dev/shm')
+            if name.startswith('chainiter-')}
 
 
 class Unpicklable:
@@ -494,7 +501,8 @@ class UnpicklesBadly:
 
 
 def _is_buffer(path):
-    """An unlinked chainiter buffer file (see chainiter/iterators/_shm.py):
+    """An unlinked chainiter buffer file (see
+    chainiter/iterators/multiprocess/shm.py):
     O_TMPFILE names it '#inode', the fallback 'chainiter-...'."""
     import os
     if not path.endswith(' (deleted)'):

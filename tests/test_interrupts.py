@@ -10,6 +10,7 @@ them tasks or shared memory, while it hands the batch out.
 """
 
 import functools
+import gc
 import os
 import random
 import signal
@@ -21,7 +22,8 @@ import chainiter
 from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
 from chainiter.iterators._base import DatasetIterator
 
-from helpers import START_METHODS, AugmentedDataset, fingerprint, shm_files
+from helpers import (
+    START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)
 
 KINDS = dict(
     [('serial', SerialIterator),
@@ -64,6 +66,7 @@ def test_interrupts_inside_next_lose_no_batch(kind):
             signal.pthread_kill(main, signal.SIGINT)
 
     files = shm_files()
+    buffers = mapped_buffers()
     previous = signal.signal(signal.SIGINT, handler)
     firing = threading.Thread(target=fire, daemon=True)
     batches = 0
@@ -88,3 +91,5 @@ def test_interrupts_inside_next_lose_no_batch(kind):
         signal.signal(signal.SIGINT, previous)
     assert counts['raised'] >= 30, counts      # it was really interrupted
     assert shm_files() <= files                 # no file left behind
+    gc.collect()
+    assert mapped_buffers() == buffers          # no mapping, no descriptor

@@ -6,25 +6,26 @@ import threading
 
 import pytest
 
-from chainiter.iterators._worker import _HEADER, receive_results, send_frame
+from chainiter.iterators.multiprocess.wire import (
+    header, receive_results, send_frame)
 
 
 def frame(seq, payload):
-    return _HEADER.pack(7, seq, 0, 1) + payload
+    return header(7, seq, 0) + payload
 
 
 def read_all(conn, count):
     got = []
     while len(got) < count:
         got.extend(receive_results(conn))
-    return [(g, s, c, w, bytes(p)) for g, s, c, w, p in got]
+    return [(g, s, c, bytes(p)) for g, s, c, p in got]
 
 
 def test_small_messages_waiting_come_in_one_call_and_in_order():
     parent, child = multiprocessing.Pipe()
     for seq in range(3):
         send_frame(child, frame(seq, b'x' * seq))
-    got = [(s, bytes(p)) for _, s, _, _, p in receive_results(parent)]
+    got = [(s, bytes(p)) for _, s, _, p in receive_results(parent)]
     assert got == [(0, b''), (1, b'x'), (2, b'xx')]
 
 
@@ -40,12 +41,12 @@ def test_messages_whose_header_is_cut_by_a_read():
     parent, child = multiprocessing.Pipe()
     # Frames of 32767 bytes (4 of length, 32763 of message): the first
     # read of 65536 bytes ends 2 bytes into the length of frame 2.
-    payload = b'p' * (32763 - _HEADER.size)
+    payload = b"p" * (32763 - len(header(0, 0, 0)))
     for seq in range(4):
         child.send_bytes(frame(seq, payload))
     got = read_all(parent, 4)
     assert [m[1] for m in got] == list(range(4))
-    assert all(m[0] == 7 and m[4] == payload for m in got)
+    assert all(m[0] == 7 and m[3] == payload for m in got)
 
 
 def test_large_message_spanning_many_reads_arrives_intact():
@@ -57,7 +58,7 @@ def test_large_message_spanning_many_reads_arrives_intact():
     got = read_all(parent, 2)
     writer.join(10)
     assert [m[1] for m in got] == [0, 1]
-    assert got[0][4] == big and got[1][4] == b'end'
+    assert got[0][3] == big and got[1][3] == b"end"
 
 
 def test_a_closed_pipe_is_eof():

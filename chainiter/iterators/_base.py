@@ -27,7 +27,7 @@ from chainiter.errors import (
     IteratorFinalizedError,
     SnapshotMismatchError,
 )
-from chainiter.iterators import _state, order_samplers
+from chainiter.iterators import _args, _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize``.
@@ -84,11 +84,7 @@ def check_dataset(dataset):
 
 
 def check_batch_size(batch_size):
-    if isinstance(batch_size, (bool, numpy.bool_)) or not isinstance(
-            batch_size, (int, numpy.integer)) or batch_size <= 0:
-        raise ValueError(
-            'batch_size must be a positive int, got {!r}'.format(batch_size))
-    return int(batch_size)
+    return _args.positive_int('batch_size', batch_size)
 
 
 def _scalar(value, key):

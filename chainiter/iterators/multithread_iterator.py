@@ -3,6 +3,7 @@ import weakref
 
 from chainiter import _context
 from chainiter.errors import IteratorFinalizedError
+from chainiter.iterators import _args
 from chainiter.iterators._base import DatasetIterator
 
 
@@ -22,10 +23,7 @@ class MultithreadIterator(DatasetIterator):
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
                  n_threads=1, order_sampler=None, *, seed=None):
-        if isinstance(n_threads, bool) or not isinstance(n_threads, int) \
-                or n_threads <= 0:
-            raise ValueError(
-                'n_threads must be a positive int, got {!r}'.format(n_threads))
+        n_threads = _args.positive_int('n_threads', n_threads)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed)
         self.n_threads = n_threads

@@ -18,18 +18,9 @@ import collections
 import os
 import pickle
 import socket
-import struct
 import threading
 
-_LENGTH = struct.Struct('!i')     # multiprocessing.Connection's framing
-_LONG_LENGTH = struct.Struct('!Q')
-
-
-def frame(data):
-    """``data`` framed as ``Connection.send_bytes`` frames it."""
-    if len(data) > 0x7fffffff:
-        return _LENGTH.pack(-1) + _LONG_LENGTH.pack(len(data)) + data
-    return _LENGTH.pack(len(data)) + data
+from chainiter.iterators.multiprocess.wire import frame
 
 
 class Outbox:
@@ -38,7 +29,8 @@ class Outbox:
         self._fd = conn.fileno()
         os.set_blocking(self._fd, False)
         self._sock = None               # for passing descriptors
-        self._items = collections.deque()   # [memoryview, fd or -1]
+        # [memoryview, None or the owner of a descriptor to pass]
+        self._items = collections.deque()
         self._lock = threading.Lock()
         self.torn = False
         self.dead = False               # the worker's end is closed
@@ -50,14 +42,16 @@ class Outbox:
         """Queue one message and send what the socket takes; True when
         nothing is left waiting."""
         with self._lock:
-            self._items.append([memoryview(frame(data)), -1])
+            self._items.append([memoryview(frame(data)), None])
             return self._flush()
 
-    def put_fd(self, fd):
-        """Queue a file descriptor (a duplicate: ``fd`` may be closed at
-        once), read by ``multiprocessing.reduction.recv_handle``."""
+    def put_fd(self, owner):
+        """Queue the file descriptor ``owner.fd`` (read by
+        ``multiprocessing.reduction.recv_handle``); ``owner`` keeps it open
+        until it is sent.  No descriptor is made here, so an interrupt
+        cannot leak one."""
         with self._lock:
-            self._items.append([memoryview(b'\x01'), os.dup(fd)])
+            self._items.append([memoryview(b'\x01'), owner])
             return self._flush()
 
     def flush(self):
@@ -69,13 +63,19 @@ class Outbox:
         return bool(self._items) and not self.dead
 
     def _flush(self):
+        if self.torn:
+            # An exception cut the last write short: how much of that
+            # message went is unknown, so nothing more may follow it.
+            self.dead = True
+            self._drop()
+            return True
         items = self._items
         while items and not self.dead:
             item = items[0]
             self.torn = True            # until the count is recorded
             try:
-                if item[1] >= 0:
-                    n = self._send_fd(item[0], item[1])
+                if item[1] is not None:
+                    n = self._send_fd(item[0], item[1].fd)
                 else:
                     n = os.write(self._fd, item[0])
             except BlockingIOError:
@@ -87,7 +87,6 @@ class Outbox:
                 break
             if n == len(item[0]):
                 items.popleft()
-                self._close_fd(item)
             else:
                 item[0] = item[0][n:]
             self.torn = False
@@ -103,12 +102,6 @@ class Outbox:
                                          socket.SCM_RIGHTS,
                                          array.array('i', [fd]))])
         return n
-
-    @staticmethod
-    def _close_fd(item):
-        if item[1] >= 0:
-            os.close(item[1])
-            item[1] = -1
 
     def shut(self):
         """No more messages: the worker reads to the end of what it was
@@ -129,8 +122,7 @@ class Outbox:
             self._drop()
 
     def _drop(self):
-        while self._items:
-            self._close_fd(self._items.popleft())
+        self._items.clear()
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 
-from chainiter.iterators import _worker
+from chainiter.iterators.multiprocess import worker as _worker
 
 _JOIN_TIMEOUT_S = 1.0     # then terminate, then kill
 
@@ -93,6 +93,8 @@ class ProcessLauncher:
                 launched.exitcode = launched.process.exitcode
                 out.append(launched)
         return out
+
+    alive = True
 
     def processes(self):
         """What multiprocessing counts as this process's children."""

@@ -1,0 +1,41 @@
+"""MultiprocessIterator: examples loaded by worker processes into shared memory.
+
+::
+
+  main thread: next()                 receiver thread          workers
+  ───────────────────                 ───────────────          ───────
+  iterator.py  _base.advance ─► Step
+     │
+  pool.submit ─► book.open_batch ─► Tasks ─► outbox ──socket──► worker.py
+     │           slots.free ─► a slot        (outbox.py:         dataset[i]
+     │                                        never blocks;     sinks.py writes
+     │                                        receiver.py       the arrays into
+     │                                        writes the rest)  the slot
+     │
+  pool.wait ◄── ready queue ◄── book.on_result ◄──socket──── wire.py: header
+     │          (in order:       ◄── receiver.py               + metadata
+     │           reorder.py)     ◄── launch.py: a worker exited:
+     │                               book.worker_exited, its tasks to others
+  read.read_batch (views of the slot) ─► the user
+
+One file, one idea:
+
+- ``iterator.py``: the iterator; turns steps into batches and back.
+- ``pool.py``: the worker processes, the book, the slots and the receiver,
+  under one lock; what the main thread calls.
+- ``book.py``: pure bookkeeping (batches, chunks, generations, which worker
+  holds which task, what a death means).
+- ``receiver.py``: the only thread that reads from the workers.
+- ``outbox.py``: sends that never block; ``wire.py``: the messages and
+  their framing; ``remote.py``: a worker's exception, raised again here.
+- ``launch.py``: starting workers (under fork: from a launcher process that
+  has no threads) and learning when they exit.
+- ``worker.py``: the worker process; ``sinks.py``: where it puts examples.
+- ``slots.py``: the shared-memory slots, their leases and layouts;
+  ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
+  ``stacked_layout.py``, ``stacked_rows.py``, ``read.py``: where the arrays
+  of a batch go in a slot, and how they are read back.
+"""
+
+from chainiter.iterators.multiprocess.iterator import (  # NOQA
+    MultiprocessIterator)

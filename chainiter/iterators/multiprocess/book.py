@@ -1,0 +1,233 @@
+"""The dispatch book: the batches in flight, the tasks each worker holds,
+and what a result or a worker's exit means for them.
+
+Pure: no processes, threads or I/O.  The pool calls it under its lock and
+carries out what it returns (tasks to send, batches that are ready, in
+order).  ``tests/test_book.py`` drives it without any process.
+
+A batch is cut into chunks, one ``Task`` each.  Every task carries the
+generation it was made in; ``new_generation()`` (a reset, a snapshot
+loaded, an exception in ``next()``) drops the batches in flight, and
+results of older generations are ignored.
+"""
+
+import pickle
+import traceback
+
+from chainiter.errors import ChainiterError, WorkerDiedError
+from chainiter.iterators import _state
+from chainiter.iterators.multiprocess.reorder import Reorderer
+from chainiter.iterators.multiprocess.remote import RemoteError
+from chainiter.iterators.multiprocess.wire import Result, Task
+
+MAX_DEATHS_PER_BATCH = 3
+
+
+class Batch:
+    def __init__(self, generation, seq, step, n_chunks, slot, buffers):
+        self.generation = generation
+        self.seq = seq
+        self.step = step
+        self.n_chunks = n_chunks
+        self.slot = slot           # opaque to the book
+        self.buffers = buffers
+        self.results = {}
+        self.deaths = 0
+        self.failure = None        # raised instead of the batch
+
+
+class _Held:
+    """What one worker has been given."""
+
+    def __init__(self):
+        self.tasks = {}            # (seq, chunk) -> Task, in the order sent
+        self.sent = 0
+        self.retired = False       # takes no more tasks
+
+
+class Exit:
+    """What a worker's exit means: ``lost`` are its tasks that are still
+    wanted (to give to other workers), ``ready`` the batches that failed
+    because of it, ``unexpected`` whether to warn."""
+
+    def __init__(self, lost, ready, unexpected):
+        self.lost = lost
+        self.ready = ready
+        self.unexpected = unexpected
+
+
+class Book:
+
+    def __init__(self, n_workers, n_prefetch, max_tasks):
+        self.n_workers = n_workers
+        self.n_prefetch = n_prefetch
+        self.max_tasks = max_tasks
+        self.generation = 0
+        self.next_seq = 0
+        self.inflight = {}         # seq -> Batch
+        self.unassigned = []       # tasks that wait for a worker to start
+        self.failure = None        # (message, cause): every batch fails
+        self._held = {}            # worker key -> _Held
+        self._reorderer = Reorderer()
+
+    # ---- workers -------------------------------------------------------
+
+    def add_worker(self, key):
+        self._held[key] = _Held()
+
+    def retire(self, key):
+        if key in self._held:      # else it has exited already
+            self._held[key].retired = True
+
+    def accepting(self):
+        return [key for key, held in self._held.items()
+                if not held.retired and (self.max_tasks is None
+                                         or held.sent < self.max_tasks)]
+
+    def short_of_workers(self):
+        return len(self.accepting()) < self.n_workers
+
+    def busy_slots(self, buffer_id):
+        """Slots that a task given to a worker may still write into."""
+        return {task.slot for held in self._held.values()
+                for task in held.tasks.values()
+                if task.buffer_id == buffer_id}
+
+    # ---- batches -------------------------------------------------------
+
+    def open_batch(self, step, seed, slot, buffers, slot_index, buffer_id):
+        """A new batch; returns ``(batch, tasks)``: its tasks, to assign
+        (none when every batch fails: the batch is then ready)."""
+        seq = self.next_seq
+        self.next_seq += 1
+        n = len(step.indices)
+        # Every message costs, tiny examples too: split a batch only as
+        # much as needed to keep every worker busy with the batches in
+        # flight.
+        n_chunks = min(n, -(-self.n_workers // self.n_prefetch))
+        batch = Batch(self.generation, seq, step, n_chunks, slot, buffers)
+        self.inflight[seq] = batch
+        if self.failure is not None:
+            return batch, []
+        if n_chunks == 1:
+            return batch, [Task(self.generation, seq, 0, 0, step.indices,
+                                step.spans, slot_index, buffer_id, seed)]
+        bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
+        return batch, [
+            Task(self.generation, seq, chunk, a, step.indices[a:b],
+                 _state.cut_spans(step.spans, a, b), slot_index, buffer_id,
+                 seed)
+            for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+
+    def assign(self, task):
+        """Record ``task`` for the least busy worker that takes tasks and
+        return its key, or None: the task waits in ``unassigned``."""
+        keys = self.accepting()
+        if not keys:
+            self.unassigned.append(task)
+            return None
+        key = min(keys, key=lambda k: len(self._held[k].tasks))
+        held = self._held[key]
+        held.tasks[(task.seq, task.chunk)] = task
+        held.sent += 1
+        return key
+
+    def take_unassigned(self):
+        tasks, self.unassigned = self.unassigned, []
+        return [task for task in tasks if task.generation == self.generation]
+
+    def on_result(self, key, generation, seq, chunk, payload):
+        """A worker's result; returns the batches now ready, in order."""
+        held = self._held.get(key)
+        task = None if held is None else held.tasks.pop((seq, chunk), None)
+        if task is None or generation != self.generation:
+            return []
+        batch = self.inflight.get(seq)
+        if batch is None:
+            return []
+        try:
+            metas, error = pickle.loads(payload)
+        except Exception as e:
+            metas, error = [], RemoteError(
+                None, type(e).__qualname__,
+                'the examples of dataset indices {} came back from the '
+                'worker but cannot be unpickled in the main process: {}: '
+                '{}'.format(short_list(task.indices), type(e).__qualname__,
+                            e),
+                traceback.format_exc(), int(task.indices[0]))
+        batch.results[chunk] = Result(generation, seq, chunk, metas, error)
+        if len(batch.results) == batch.n_chunks:
+            return self._complete(batch)
+        return []
+
+    def fail_all(self, message, cause):
+        """From now on every batch fails with ``ChainiterError(message)``
+        caused by ``cause``; returns the batches now ready."""
+        self.failure = (message, cause)
+        ready = []
+        for batch in list(self.inflight.values()):
+            ready += self._fail(batch)
+        return ready
+
+    def ready_failed(self, batch):
+        """The ready batches once ``batch`` (opened after a failure)
+        fails."""
+        return self._fail(batch)
+
+    def _fail(self, batch):
+        message, cause = self.failure
+        batch.failure = ChainiterError(message)
+        batch.failure.__cause__ = cause
+        batch.results = {}
+        return self._complete(batch)
+
+    def _complete(self, batch):
+        del self.inflight[batch.seq]
+        return self._reorderer.push(batch.seq, batch)
+
+    def worker_exited(self, key, exitcode, died_with):
+        """Worker ``key`` has exited (``died_with`` describes how, for
+        messages); returns an ``Exit``."""
+        held = self._held.pop(key)
+        lost = list(held.tasks.values())
+        expected = held.retired or (self.max_tasks is not None
+                                    and held.sent >= self.max_tasks)
+        if self.failure is not None or (
+                not lost and (expected or exitcode == 0)):
+            return Exit([], [], False)
+        current = [task for task in lost if task.generation == self.generation
+                   and task.seq in self.inflight]
+        if not current and held.retired:
+            return Exit([], [], False)    # nothing it had is still wanted
+        ready = []
+        if current:
+            # Only the batch it was loading (the oldest task it had)
+            # counts this death; the ones queued behind it are innocent.
+            loading = self.inflight[current[0].seq]
+            loading.deaths += 1
+            if loading.deaths >= MAX_DEATHS_PER_BATCH:
+                loading.failure = WorkerDiedError(
+                    'worker processes died {} times while loading the batch '
+                    'of dataset indices {}; the last one {}. The iterator '
+                    'stays at this batch'.format(
+                        loading.deaths, short_list(loading.step.indices),
+                        died_with))
+                loading.results = {}
+                ready = self._complete(loading)
+        return Exit([task for task in current if task.seq in self.inflight],
+                    ready, True)
+
+    def new_generation(self):
+        """Drop every batch in flight (their results are ignored)."""
+        self.generation += 1
+        self.inflight.clear()
+        self.unassigned = []
+        self._reorderer.reset(self.next_seq)
+
+
+def short_list(indices, limit=10):
+    indices = [int(i) for i in indices]
+    if len(indices) <= limit:
+        return str(indices)
+    return '[{}, ... ({} in all)]'.format(
+        ', '.join(map(str, indices[:limit])), len(indices))

@@ -1,0 +1,270 @@
+"""``MultiprocessIterator``: the wiring of the multiprocess transport.
+
+It turns the iterator's steps (``_base.py``) into batches submitted to the
+pool and reads each finished batch back from its slot.  ``__init__.py``
+draws the data flow.
+"""
+
+import functools
+import multiprocessing
+import os
+import pickle
+import warnings
+import weakref
+
+import numpy
+
+from chainiter.dataset.convert import concat_examples
+from chainiter.errors import SharedMemoryWarning, TimeoutWarning
+from chainiter.iterators import _args
+from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators.multiprocess import list_layout, read, remote
+from chainiter.iterators.multiprocess.pool import Pool
+from chainiter.iterators.multiprocess.slots import SlotPool
+
+
+def _stacking_padding(converter):
+    """``(True, padding)`` when ``converter`` is ``concat_examples`` or a
+    ``functools.partial`` of it with only ``padding``; else ``(False, None)``."""
+    if converter is concat_examples:
+        return True, None
+    if isinstance(converter, functools.partial) and \
+            converter.func is concat_examples and not converter.args and \
+            set(converter.keywords) <= {'padding'}:
+        return True, converter.keywords.get('padding')
+    return False, None
+
+
+def _check_picklable(obj, what, method):
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except RuntimeError:
+        # Locks, events and queues of multiprocessing pickle only while a
+        # process starts; they reach the workers then.
+        pass
+    except Exception as e:
+        raise TypeError(
+            'MultiprocessIterator with start method {!r} sends the {} to the '
+            'worker processes by pickling, but it cannot be pickled ({}: '
+            '{}). Define its class and the functions it uses at module '
+            'level (not inside a function, not as a lambda), or use '
+            'start_method="fork"'.format(method, what, type(e).__name__, e)
+        ) from e
+
+
+class MultiprocessIterator(DatasetIterator):
+    """Loads examples in worker processes, through shared memory.
+
+    Args:
+        dataset, batch_size, repeat, shuffle, order_sampler, seed: as for
+            ``SerialIterator``; the batches are the same.
+        n_processes (int or None): worker processes (None: the CPUs this
+            process may use).
+        n_prefetch (int): batches in flight ahead of the one handed out;
+            each holds a slot of shared memory.  Batches that load in well
+            under a millisecond run much faster with more in flight (e.g.
+            16 per worker: the processes then rarely wait on each other);
+            large batches gain little from more than 2 per worker.
+        shared_mem (int or None): bytes of shared memory per example (None:
+            measured from the first batch).  Larger examples are still
+            delivered, with a ``SharedMemoryWarning``, and the buffers grow.
+            When the workers stack the batch, the shapes are measured from
+            the first batch and ``shared_mem`` lengthens the padded fields
+            so that each example has room for that many bytes.
+        dataset_timeout (float or None): warn with ``TimeoutWarning`` when no
+            batch arrived for that many seconds.
+        maxtasksperchild (int or None): replace a worker after that many
+            tasks.
+        converter: applied to each batch.  With ``concat_examples`` (or a
+            ``functools.partial`` of it with ``padding``) the workers stack the
+            batch straight into shared memory and ``next()`` returns it.
+        start_method (str or None): ``'fork'``, ``'forkserver'``, ``'spawn'``,
+            or None for Python's default.
+        worker_init_fn: called as ``worker_init_fn(worker_id)`` in each
+            worker when it starts.
+
+    Arrays handed out may view shared memory; they stay valid and unchanged
+    for as long as they are referenced.
+    """
+
+    TimeoutWarning = TimeoutWarning
+
+    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
+                 n_processes=None, n_prefetch=1, shared_mem=None,
+                 order_sampler=None, dataset_timeout=30.0,
+                 maxtasksperchild=None, *, seed=None, converter=None,
+                 start_method=None, worker_init_fn=None):
+        self._pool = None
+        if n_processes is None:
+            n_processes = len(os.sched_getaffinity(0)) if hasattr(
+                os, 'sched_getaffinity') else os.cpu_count() or 1
+        n_processes = _args.positive_int(
+            'n_processes', n_processes,
+            hint='; use SerialIterator to load in the main process')
+        n_prefetch = _args.positive_int('n_prefetch', n_prefetch)
+        shared_mem = _args.positive_int(
+            'shared_mem', shared_mem, allow_none=True,
+            hint=' (bytes per example)')
+        maxtasksperchild = _args.positive_int(
+            'maxtasksperchild', maxtasksperchild, allow_none=True)
+        dataset_timeout = _args.seconds('dataset_timeout', dataset_timeout)
+        _args.callable_or_none('converter', converter)
+        _args.callable_or_none('worker_init_fn', worker_init_fn)
+        super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
+                         seed)
+        self.n_processes = n_processes
+        self.n_prefetch = n_prefetch
+        self.shared_mem = shared_mem
+        self.dataset_timeout = dataset_timeout
+        self.maxtasksperchild = maxtasksperchild
+        self.converter = converter
+        self.worker_init_fn = worker_init_fn
+        self._stacked, self._padding = _stacking_padding(converter)
+        self._warned_size = False
+        self._warned_mismatch = False
+
+        ctx = multiprocessing.get_context(start_method)
+        method = ctx.get_start_method()
+        if method != 'fork':
+            _check_picklable(dataset, 'dataset', method)
+            if worker_init_fn is not None:
+                _check_picklable(worker_init_fn, 'worker_init_fn', method)
+        self.start_method = method
+        self._prefetch_depth = n_prefetch
+        self._start_transport()
+        self._start_pool()
+        # Until the first batch has sized the buffers, batches travel
+        # through the socket: send only that one, the rest follow it.
+        self._dispatch_until(n_prefetch if self._pool.slots.layout is not None
+                             else 1)
+
+    def _start_transport(self):
+        # The workers start with the first batch (at once when built, at
+        # the first next() when unpickled: unpickling may happen while a
+        # spawned process starts, where no process may be started).
+        self._pool = None
+        self._finalizer = None
+
+    def _start_pool(self):
+        slots = SlotPool(self.n_prefetch + 2, self.batch_size, self._stacked,
+                         self._padding, self.shared_mem)
+        if self.shared_mem is not None and not self._stacked:
+            # Before any worker starts: they get it as they start.
+            slots.replace(list_layout.list_layout(self.batch_size,
+                                                  self.shared_mem))
+        self._pool = Pool(multiprocessing.get_context(self.start_method),
+                          self.dataset, self.n_processes, self._seed,
+                          self.worker_init_fn, self.maxtasksperchild,
+                          self.n_prefetch, slots)
+        self._finalizer = weakref.finalize(self, self._pool.close)
+
+    def _transport_attributes(self):
+        return super()._transport_attributes() + ('_pool', '_finalizer')
+
+    # ---- transport ----------------------------------------------------------
+
+    def __next__(self):
+        self._leave_parents_pool()
+        return super().__next__()
+
+    def _leave_parents_pool(self):
+        """In a forked child (os.fork(), or a fork Process given the
+        iterator) the workers are the parent's: leave them alone, and load
+        on from the current state with workers of its own."""
+        pool = self._pool
+        if pool is not None and pool.owner != os.getpid():
+            self._finalizer.detach()
+            self._start_transport()
+            self._rewind()
+
+    def _submit(self, step):
+        if self._pool is None:
+            self._start_pool()
+        return self._pool.submit(step, self._pass_seed)
+
+    def _drop_pending(self):
+        if self._pool is not None:
+            self._pool.new_generation()
+        super()._drop_pending()
+
+    def _collect(self, handle):
+        pool = self._pool
+        batch = pool.wait(handle, self.dataset_timeout)
+        if batch.failure is not None:
+            raise batch.failure
+        results = [batch.results[i] for i in range(batch.n_chunks)]
+        for result in results:
+            if result.error is not None:
+                raise remote.rebuild_error(result.error)
+        chunks = [result.metas for result in results]
+        exporter = pool.hand_out(batch)
+        if exporter is None:     # the batch came through the socket
+            examples = [meta.example for chunk in chunks for meta in chunk]
+            if pool.slots.layout is None:
+                self._fit_buffers(examples, None, ())
+            return self._convert(examples)
+        layout = batch.buffers.layout
+        stacked, examples, oversize = read.read_batch(
+            numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks)
+        if stacked is not None:
+            return stacked
+        if oversize:
+            self._fit_buffers(examples, layout, oversize)
+        return self._convert(examples)
+
+    def _convert(self, examples):
+        if self.converter is not None:
+            return self.converter(examples)
+        return examples
+
+    def _fit_buffers(self, examples, layout, oversize):
+        """Size the buffers from a batch that did not (fully) go through
+        them: the first batch, or one with an oversize example."""
+        slots = self._pool.slots
+        if slots.cannot_grow:
+            return
+        new, mismatch = slots.fit(examples, layout, oversize)
+        if mismatch is not None:
+            self._warn_mismatch(mismatch)
+        if new is None:
+            return
+        if layout is not None and oversize and not self._warned_size:
+            self._warned_size = True
+            need = max(list_layout.example_array_bytes(e) for e in oversize)
+            warnings.warn(
+                'an example with {} bytes of arrays did not fit its shared '
+                'memory ({} bytes per example); it was delivered intact '
+                'through a copy and the buffers were enlarged. Pass '
+                'shared_mem={} (or more) to reserve enough from the '
+                'start'.format(need, layout.slot_bytes // self.batch_size,
+                               new.slot_bytes // self.batch_size),
+                SharedMemoryWarning, stacklevel=4)
+        if layout is None:
+            self._pool.use_layout(new)   # no room at all: a clear error
+            return
+        try:
+            self._pool.use_layout(new)
+        except MemoryError as e:
+            # The old buffers stay; larger examples keep coming by copy.
+            slots.cannot_grow = True
+            warnings.warn('the shared-memory buffers could not be enlarged, '
+                          'so larger examples keep coming by copy: {}'.format(
+                              e), SharedMemoryWarning, stacklevel=4)
+
+    def _warn_mismatch(self, how):
+        if self._warned_mismatch:
+            return
+        self._warned_mismatch = True
+        warnings.warn(
+            'a batch did not match the layout measured from the first batch '
+            '({}), so the main process stacked it from copies, which is '
+            'slower; every such batch is. Give every example the same '
+            'dtypes and shapes (e.g. make every label an int) to have the '
+            'workers stack it in shared memory'.format(how),
+            SharedMemoryWarning, stacklevel=5)
+
+    def finalize(self):
+        self._leave_parents_pool()     # nothing of the parent's to end
+        super().finalize()
+        if self._finalizer is not None:
+            self._finalizer()

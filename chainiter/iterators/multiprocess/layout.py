@@ -1,0 +1,63 @@
+"""Where the arrays of a batch go in a shared-memory slot: the types.
+
+``list_layout.py`` and ``stacked_layout.py`` build and fill the two
+layouts, ``stacked_rows.py`` writes and reads stacked rows, and
+``read.py`` reads a whole batch back.
+
+Two layouts, both measured from the first batch:
+
+- ``list``: every example gets a region of ``example_bytes``; the arrays of
+  its top-level fields are written one after another (64-byte aligned) and
+  the worker sends back the example with each array replaced by a
+  ``ShmRef(offset, shape, dtype)``.  The parent hands out views.
+- ``stacked`` (``converter=concat_examples``): every field of the batch is
+  one array of shape ``(batch_size,) + capacity`` in the slot; worker ``w``
+  writes example ``j`` straight into row ``j`` (padding included), so the
+  parent hands out ``concat_examples``' result without copying.
+
+An example that does not fit (too large, another dtype or structure) is
+sent back whole through the pipe instead; the parent then builds that batch
+the ordinary way, so nothing is ever truncated.
+"""
+
+import typing
+
+import numpy
+
+_ALIGN = 64
+
+
+def _align(n):
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class ShmRef(typing.NamedTuple):
+    """An array that was written into shared memory."""
+    offset: int
+    nbytes: int
+    shape: tuple
+    dtype: numpy.dtype
+
+
+class Whole(typing.NamedTuple):
+    """An example sent through the pipe: it has no slot or did not fit."""
+    example: object
+
+
+class Field(typing.NamedTuple):
+    key: object          # tuple position, dict key, or None for bare examples
+    dtype: str
+    capacity: tuple      # largest shape the slot holds for one example
+    offset: int          # where the field's rows start in a slot
+    row_bytes: int
+
+
+class Layout(typing.NamedTuple):
+    mode: str                    # 'list' or 'stacked'
+    slot_bytes: int
+    example_bytes: int = 0       # list mode
+    structure: str = ''          # stacked mode: 'tuple', 'dict' or 'single'
+    fields: tuple = ()           # stacked mode
+    padding: object = None       # stacked mode: the value, tuple or dict
+    padded: tuple = ()           # stacked mode: indices of padded fields
+

@@ -1,0 +1,357 @@
+"""The pool: worker processes, their outboxes, the book, the slots and the
+receiver thread, under one lock.
+
+The main thread calls ``submit`` (a batch is cut into tasks, each recorded
+in the book and put in a worker's outbox), ``wait`` (the next batch, in
+order, from the ready queue) and ``hand_out``.  The receiver thread
+(``receiver.py``) reads results and exits and writes what the outboxes
+hold.  Workers are started by the launcher (``launch.py``): at
+construction, then only from the receiver thread, so that an interrupt in
+the main thread never cuts a start short.
+"""
+
+import os
+import queue
+import threading
+import warnings
+import weakref
+
+from chainiter.errors import (
+    ChainiterError,
+    IteratorFinalizedError,
+    SharedMemoryWarning,
+    TimeoutWarning,
+    WorkerRestartWarning,
+)
+from chainiter.iterators.multiprocess import receiver
+from chainiter.iterators.multiprocess.book import Book
+from chainiter.iterators.multiprocess.launch import (
+    ForkLauncher, ProcessLauncher)
+from chainiter.iterators.multiprocess.outbox import Outbox
+from chainiter.iterators.multiprocess.remote import RemoteTraceback
+from chainiter.iterators.multiprocess.wire import encode_task
+from chainiter.iterators.multiprocess.worker import PickledDataset
+
+# Put in the ready queue by close(): wakes a next() waiting in another thread.
+_CLOSED = object()
+
+# Every pool of this process, so that a forked child can let go of them.
+_POOLS = weakref.WeakSet()
+
+
+def _forget_workers_in_child():
+    """After os.fork(): the workers are the parent's.  Take them off
+    multiprocessing's list of this process's children, or its exit handler
+    would terminate (daemonic) or try to join them in the child."""
+    import multiprocessing.process
+    children = getattr(multiprocessing.process, '_children', None)
+    if children is None:
+        return
+    for pool in list(_POOLS):
+        for process in pool.launcher.processes():
+            children.discard(process)
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_workers_in_child)
+
+
+class Worker:
+    """A worker process as the pool sees it."""
+
+    def __init__(self, worker_id, launched):
+        self.id = worker_id
+        self.launched = launched
+        self.key = launched.key
+        self.conn = launched.conn
+        self.outbox = Outbox(launched.conn)
+        self.at_eof = False    # its end of the socket is closed
+        self.buffer_id = -1    # the buffers whose layout it was sent
+        self.has_slots = set()
+
+    def send_task(self, task, buffers):
+        """Send a task; first the layout and the slot's memory (a message,
+        then the file descriptor itself) if the worker lacks them."""
+        if task.slot >= 0 and task.buffer_id == buffers.id and \
+                task.slot not in self.has_slots:
+            if self.buffer_id != buffers.id:
+                self.outbox.put_object(('layout', buffers.id,
+                                        buffers.layout))
+                self.buffer_id = buffers.id
+                self.has_slots = set()
+            shared = buffers.slots[task.slot].shared
+            self.outbox.put_object(('slot', buffers.id, task.slot,
+                                    shared.size))
+            self.outbox.put_fd(shared)
+            self.has_slots.add(task.slot)
+        self.outbox.put(encode_task(task))
+
+    def close(self):
+        self.outbox.close()
+        self.conn.close()
+
+
+class Pool:
+    """It holds no reference to the iterator, so that garbage collection of
+    the iterator finalizes the pool."""
+
+    def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
+                 max_tasks, n_prefetch, slots):
+        self.owner = os.getpid()   # only this process may use or close it
+        self.lock = threading.Lock()
+        self.book = Book(n_workers, n_prefetch, max_tasks)
+        # In flight, the one the user holds, and one being handed out.
+        self.slots = slots
+        self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
+        self.workers = {}        # key -> Worker
+        self.gone = []           # exited workers whose sockets may close
+        self.events = []         # warnings to raise in the main thread
+        self.closed = False
+        # The worker whose messages are being changed: when an exception
+        # (a KeyboardInterrupt) interrupts that, its stream may end inside
+        # a message, or its tasks be recorded wrongly: it is retired.
+        self._touched = None
+        self._n_workers = n_workers
+        self._next_worker_id = 0
+        args = (dataset, seed, n_workers, worker_init_fn, max_tasks)
+        if ctx.get_start_method() == 'fork':
+            # Forked now, while this pool has no thread of its own.
+            self.launcher = ForkLauncher(ctx, args)
+        else:
+            self.launcher = ProcessLauncher(
+                ctx, (PickledDataset(dataset),) + args[1:])
+        _POOLS.add(self)
+        self.receiver = receiver.Receiver(self)
+        try:
+            for _ in range(n_workers):
+                self.start_worker()
+            self.receiver.start()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- workers ---------------------------------------------------------
+
+    def start_worker(self):
+        worker_id = self._next_worker_id % self._n_workers
+        self._next_worker_id += 1
+        worker = Worker(worker_id, self.launcher.start(worker_id))
+        self.book.add_worker(worker.key)
+        self.workers[worker.key] = worker
+        self.receiver.wake()       # so that it watches the new worker
+
+    def replenish(self):
+        """Start workers until enough take tasks; give them the tasks that
+        waited for one (receiver thread, under the lock)."""
+        if self.book.failure is not None or self.closed:
+            return
+        while self.book.short_of_workers():
+            self.start_worker()
+        for task in self.book.take_unassigned():
+            self._send_task(task)
+
+    def _retire(self, worker):
+        self.book.retire(worker.key)
+        worker.outbox.shut()
+
+    def _send_task(self, task):
+        # Recorded before it is sent: a task that may have been sent is
+        # one whose slot is busy.
+        key = self.book.assign(task)
+        if key is None or self.book.short_of_workers():
+            self.receiver.want()   # it starts workers
+        if key is not None:
+            self._touched = worker = self.workers[key]
+            worker.send_task(task, self.slots.buffers)
+            self._touched = None
+
+    def _flushed(self):
+        """Wake the receiver thread when a message waits in an outbox."""
+        if any(w.outbox.pending for w in self.workers.values()):
+            self.receiver.want()
+
+    # ---- the main thread's side -------------------------------------------
+
+    def submit(self, step, seed):
+        with self.lock:
+            book = self.book
+            slot = self._free_slot()
+            buffers = self.slots.buffers if slot is not None else None
+            batch, tasks = book.open_batch(
+                step, seed, slot, buffers,
+                -1 if slot is None else slot.index,
+                -1 if buffers is None else buffers.id)
+            if slot is not None:
+                slot.owner = (batch.generation, batch.seq)
+            if book.failure is not None:
+                self._put_ready(book.ready_failed(batch))
+            for task in tasks:
+                self._send_task(task)
+            self._flushed()
+        return batch.generation, batch.seq
+
+    def _free_slot(self):
+        try:
+            return self.slots.free(self.book.generation,
+                                   self.book.busy_slots)
+        except (MemoryError, OSError) as e:
+            self.events.append((SharedMemoryWarning, (
+                'no room for one more shared-memory slot ({} of the {} that '
+                'n_prefetch={} may use are in use), so batches that find no '
+                'free slot come by copy, which is slower; lower n_prefetch '
+                'or raise the limit: {}'.format(
+                    len(self.slots.buffers.allocated()), self.slots.n_slots,
+                    self.book.n_prefetch, e))))
+            return None
+
+    def wait(self, handle, timeout):
+        """The finished ``Batch`` of ``handle``; warns every ``timeout``
+        seconds while waiting."""
+        generation, seq = handle
+        while True:
+            self.raise_events()
+            try:
+                batch = self.ready.get(
+                    timeout=timeout if timeout else receiver.POLL_S)
+            except queue.Empty:
+                if timeout:
+                    warnings.warn(
+                        'no batch arrived for {} seconds (dataset_timeout); '
+                        'a dataset[i] may be stuck. The iterator goes on '
+                        'waiting'.format(timeout), TimeoutWarning,
+                        stacklevel=4)
+                if self.closed:
+                    batch = _CLOSED
+                elif not self.receiver.is_alive():
+                    raise ChainiterError(
+                        'the receiver thread of MultiprocessIterator died'
+                    ) from None
+                else:
+                    continue
+            if batch is _CLOSED or self.closed:
+                self.ready.put(_CLOSED)    # for any other waiter
+                raise IteratorFinalizedError(
+                    'MultiprocessIterator was finalized while next() waited '
+                    'for a batch')
+            self.receiver.consumed()
+            if isinstance(batch, BaseException):
+                raise batch
+            if batch.generation == generation and batch.seq == seq:
+                self.raise_events()
+                return batch
+
+    def raise_events(self):
+        if not self.events:
+            return
+        with self.lock:
+            events, self.events = self.events, []
+        for category, message in events:
+            warnings.warn(message, category, stacklevel=5)
+
+    def hand_out(self, batch):
+        """Mark the batch's slot as viewed by the user; return the exporter
+        that every array of the hand-out must view (None: no slot)."""
+        if batch.slot is None:
+            return None
+        exporter = self.slots.exporter(batch)
+        with self.lock:
+            self.slots.lease(batch.slot, exporter)
+        return exporter
+
+    def new_generation(self):
+        """Drop every batch in flight (their results are ignored)."""
+        with self.lock:
+            if self._touched is not None:
+                # An exception interrupted a send: that worker finishes
+                # what it has, then exits; a new one takes over.
+                self._retire(self._touched)
+                self._touched = None
+            self.book.new_generation()
+        self.receiver.want()
+
+    def use_layout(self, layout):
+        """Switch to buffers for ``layout`` (MemoryError: no room)."""
+        with self.lock:
+            self.slots.replace(layout)   # sent to each worker with a task
+
+    # ---- called by the receiver thread, under the lock ---------------------
+
+    def _put_ready(self, batches):
+        for batch in batches:
+            self.ready.put(batch)
+
+    def on_result(self, worker, generation, seq, chunk, payload):
+        self._put_ready(self.book.on_result(worker.key, generation, seq,
+                                            chunk, payload))
+
+    def on_startup_failure(self, worker, remote):
+        """A worker could not start: start no more (they would fail the
+        same way, forever), and fail every batch with the real cause."""
+        if self.book.failure is not None:
+            return
+        cause = remote.exception
+        if cause is None:
+            cause = ChainiterError('{}: {}'.format(remote.type_name,
+                                                   remote.message))
+        cause.__cause__ = RemoteTraceback(remote.traceback)
+        self._put_ready(self.book.fail_all(
+            'worker process {} could not start: {}. No more workers are '
+            'started; fix the cause and build a new iterator'.format(
+                worker.id, remote.message), cause))
+
+    def on_exit(self, launched):
+        worker = self.workers.get(launched.key)
+        if worker is None:
+            return
+        self.receiver.drain(worker)  # results it sent before exiting
+        del self.workers[launched.key]
+        self.gone.append(worker)
+        code = launched.exitcode
+        how = 'an unknown exit status' if code is None else \
+            'exit code {}'.format(code) if code >= 0 else \
+            'signal {}'.format(-code)
+        if code == -9:
+            how += ' (SIGKILL: probably killed by the OOM killer)'
+        died_with = '(pid {}) died with {}'.format(launched.pid, how)
+        outcome = self.book.worker_exited(launched.key, code, died_with)
+        if self.closed or not outcome.unexpected:
+            return
+        self.events.append((WorkerRestartWarning, (
+            'worker process {} {}; a new worker takes over and {} '
+            'unfinished chunk(s) are loaded again'.format(
+                worker.id, died_with, len(outcome.lost)))))
+        self._put_ready(outcome.ready)
+        if not self.launcher.alive:
+            self._put_ready(self.book.fail_all(
+                'the process that starts the worker processes (pid {}) '
+                'died, and the workers with it; build a new iterator (a '
+                'snapshot taken before resumes exactly)'.format(
+                    self.launcher.process.pid), None))
+            return
+        self.replenish()
+        for task in outcome.lost:
+            self._send_task(task)
+
+    # ---- shutdown ----------------------------------------------------------
+
+    def close(self):
+        if self.closed or os.getpid() != self.owner:
+            # A forked child's copy: the workers and buffers are the
+            # parent's, and its threads and locks are not usable here.
+            return
+        self.closed = True
+        self.ready.put(_CLOSED)
+        if self.receiver.is_alive():
+            self.receiver.stop()
+        for worker in self.gone:
+            worker.close()
+        for worker in list(self.workers.values()):
+            # Without waiting: a worker whose socket is full (it may be
+            # blocked writing a result no one reads now) is stopped by
+            # the launcher instead.
+            worker.outbox.put_object(None)   # exit after the task at hand
+            worker.close()
+        self.workers = {}
+        self.launcher.close()
+        self.receiver.close()
+        self.slots.release()

@@ -1,0 +1,48 @@
+"""Reading a whole batch back from its slot."""
+
+import typing
+
+from chainiter.iterators.multiprocess.layout import Whole
+from chainiter.iterators.multiprocess.list_layout import (
+    UniformRows, read_list_chunk, read_list_example)
+from chainiter.iterators.multiprocess.stacked_layout import Rows
+from chainiter.iterators.multiprocess.stacked_rows import (
+    example_shapes, read_stacked, tops_of, unstack)
+
+class _AsIs(typing.NamedTuple):
+    """An example already read back from shared memory."""
+    example: object
+
+
+def read_batch(base, layout, chunks):
+    """Read a batch from its slot (``base``) and the chunks' results.
+
+    Returns ``(stacked, examples, oversize)``: ``stacked`` is the stacked
+    batch when every example went into its rows (stacked layout), else
+    None and ``examples`` lists the examples; ``oversize`` lists those that
+    came whole because they did not fit.
+    """
+    if layout.mode == 'stacked':
+        if len(chunks) == 1 and type(chunks[0]) is Rows:   # the common case
+            return read_stacked(base, layout, chunks[0].n,
+                                chunks[0].tops), None, ()
+        if all(type(chunk) is Rows for chunk in chunks):
+            return read_stacked(base, layout, sum(c.n for c in chunks),
+                                tops_of(layout, chunks)), None, ()
+        metas = example_shapes(layout, chunks)
+        capacity = tuple(f.capacity for f in layout.fields)
+        rows = unstack(base, layout, [
+            capacity if type(m) is Whole else m for m in metas])
+        examples = [m.example if type(m) is Whole else row
+                    for m, row in zip(metas, rows)]
+    else:
+        metas = []
+        for chunk in chunks:
+            if type(chunk) is UniformRows:
+                chunk = [_AsIs(e) for e in read_list_chunk(
+                    base, len(metas) * layout.example_bytes, layout, chunk)]
+            metas.extend(chunk)
+        examples = [
+            meta.example if type(meta) in (Whole, _AsIs) else
+            read_list_example(base, meta) for meta in metas]
+    return None, examples, [m.example for m in metas if type(m) is Whole]

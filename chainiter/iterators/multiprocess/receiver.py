@@ -1,0 +1,191 @@
+"""The receiver thread: the only thread that reads from the workers.
+
+It waits on every worker's socket (to read results; to write too while
+its outbox holds messages), on the launcher (exits) and on a wake-up pipe,
+all at once.  It rests while enough finished batches wait for the consumer:
+results then pile up in the sockets and one wake-up reads several, instead
+of one wake-up per result.  It never rests while a message waits in an
+outbox or a task waits for a worker.
+"""
+
+import os
+import pickle
+import selectors
+import signal
+import threading
+
+from chainiter.errors import ChainiterError
+from chainiter.iterators.multiprocess.wire import receive_results
+from chainiter.iterators.multiprocess.worker import STARTUP_FAILED
+
+POLL_S = 1.0      # it looks at the sockets at least this often
+# It rests while this many batches wait for the consumer, until fewer than
+# _READY_LOW do.
+_READY_HIGH = 4
+_READY_LOW = 2
+_JOIN_TIMEOUT_S = 5.0
+
+
+class Receiver:
+
+    def __init__(self, pool):
+        # A weak link would do as well: the pool owns the receiver and
+        # outlives its thread (close() stops it).
+        self._pool = pool
+        self._stop = threading.Event()
+        self._wanted = threading.Event()
+        self._wanted.set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(
+            target=self._run, name='chainiter-receiver', daemon=True)
+
+    # ---- for the other threads ---------------------------------------------
+
+    def start(self):
+        self._thread.start()
+
+    def is_alive(self):
+        return self._thread.is_alive()
+
+    def wake(self):
+        try:
+            os.write(self._wake_w, b'w')
+        except OSError:
+            pass       # full (a wake-up waits already) or closed
+
+    def want(self):
+        """Stop resting and look now."""
+        self._wanted.set()
+        self.wake()
+
+    def consumed(self):
+        """The consumer took a batch: stop resting when few are left."""
+        if not self._wanted.is_set() and \
+                self._pool.ready.qsize() < _READY_LOW:
+            self._wanted.set()
+
+    def stop(self):
+        self._stop.set()
+        self.want()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(_JOIN_TIMEOUT_S)
+
+    def close(self):
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # ---- the thread ----------------------------------------------------------
+
+    def _may_rest(self):
+        pool = self._pool
+        return pool.ready.qsize() >= _READY_HIGH and \
+            not pool.book.unassigned and \
+            not any(w.outbox.pending for w in list(pool.workers.values()))
+
+    def _run(self):
+        # Ctrl-C is the main thread's (Python runs handlers there): let the
+        # kernel deliver SIGINT to a thread that can take it at once.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        pool = self._pool
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        watched = {}             # registered object -> events
+        try:
+            while not self._stop.is_set():
+                if self._may_rest():
+                    # want() sets the event: clear, then look again, so
+                    # that no wake-up is lost.  Every POLL_S it looks at
+                    # the sockets all the same, so that a death is noticed
+                    # within seconds.
+                    self._wanted.clear()
+                    if self._may_rest() and self._wanted.wait(POLL_S):
+                        continue
+                self._watch(selector, watched)
+                ready = selector.select(POLL_S)
+                if self._stop.is_set():
+                    return
+                exited = []
+                for key, events in ready:
+                    what = key.data
+                    if what is None:
+                        self._drain_wake_ups()
+                    elif what == 'launcher':
+                        exited.append(key.fileobj)
+                    else:
+                        if events & selectors.EVENT_WRITE:
+                            what.outbox.flush()
+                        if events & selectors.EVENT_READ:
+                            self._read(what)
+                with pool.lock:
+                    for launched in pool.launcher.exits(exited):
+                        pool.on_exit(launched)
+                    if pool.book.unassigned or pool.book.short_of_workers():
+                        pool.replenish()
+        except BaseException as e:   # a bug here must not hang next()
+            if not pool.closed:
+                pool.ready.put(ChainiterError(
+                    'the receiver thread of MultiprocessIterator failed: '
+                    '{!r}'.format(e)))
+            raise
+        finally:
+            selector.close()
+
+    def _drain_wake_ups(self):
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _watch(self, selector, watched):
+        """Bring the selector up to date with the workers and launcher."""
+        pool = self._pool
+        wanted = {obj: (selectors.EVENT_READ, 'launcher')
+                  for obj in pool.launcher.watched()}
+        for worker in list(pool.workers.values()):
+            events = 0 if worker.at_eof else selectors.EVENT_READ
+            if worker.outbox.pending:
+                events |= selectors.EVENT_WRITE
+            if events:
+                wanted[worker.conn] = (events, worker)
+        for obj in list(watched):
+            if obj not in wanted:
+                selector.unregister(obj)
+                del watched[obj]
+        while pool.gone:         # unregistered: now their sockets may go
+            pool.gone.pop().close()
+        for obj, (events, data) in wanted.items():
+            if obj not in watched:
+                selector.register(obj, events, data)
+            elif watched[obj] != events:
+                selector.modify(obj, events, data)
+            watched[obj] = events
+
+    def _read(self, worker):
+        """Read the results waiting in the worker's socket."""
+        try:
+            messages = receive_results(worker.conn)
+        except (EOFError, OSError):
+            worker.at_eof = True   # it has exited; the launcher tells
+            return
+        with self._pool.lock:
+            self._deliver(worker, messages)
+
+    def drain(self, worker):
+        """Every result still in the socket of a worker that has exited
+        (under the pool's lock)."""
+        try:
+            while worker.conn.poll():
+                self._deliver(worker, receive_results(worker.conn))
+        except (EOFError, OSError):
+            pass
+
+    def _deliver(self, worker, messages):
+        pool = self._pool
+        for generation, seq, chunk, payload in messages:
+            if seq == STARTUP_FAILED:
+                pool.on_startup_failure(worker, pickle.loads(payload)[1])
+            else:
+                pool.on_result(worker, generation, seq, chunk, payload)

@@ -1,0 +1,71 @@
+"""Exceptions raised in a worker, sent home with their traceback and
+raised again in the main process."""
+
+import pickle
+import traceback
+import typing
+
+from chainiter.errors import ChainiterError
+from chainiter.iterators.multiprocess.list_layout import UniformRows
+
+class RemoteError(typing.NamedTuple):
+    """An exception raised in a worker, sent home with its traceback."""
+    exception: object       # the exception, or None if it could not be pickled
+    type_name: str
+    message: str
+    traceback: str
+    index: int
+
+
+class RemoteTraceback(Exception):
+    """Holds the formatted traceback of a worker; set as ``__cause__``."""
+
+    def __init__(self, tb):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return '\n\n"""\n{}"""'.format(self.tb)
+
+
+
+def capture(e, index):
+    tb = ''.join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        pickle.loads(pickle.dumps(e))
+        exception = e
+    except Exception:
+        exception = None
+    return RemoteError(exception, type(e).__qualname__, str(e), tb, index)
+
+
+
+def first_unpicklable(metas, task):
+    if type(metas) is UniformRows:
+        metas = metas.others or []     # the only part that is not arrays
+    elif not isinstance(metas, list):
+        metas = []                     # Rows: shapes only
+    for index, meta in zip(task.indices, metas):
+        try:
+            pickle.dumps(meta)
+        except Exception:
+            return int(index)
+    return int(task.indices[min(len(metas), len(task.indices) - 1)])
+
+
+def rebuild_error(remote):
+    cause = RemoteTraceback(remote.traceback)
+    if remote.exception is not None:
+        error = remote.exception
+    else:
+        error = ChainiterError(
+            '{}: {} (raised in a worker while loading dataset[{}]; the '
+            'exception itself could not be pickled)'.format(
+                remote.type_name, remote.message, remote.index))
+    error.__cause__ = cause
+    notes = getattr(error, '__notes__', [])
+    if hasattr(error, 'add_note') and not any(
+            'dataset[{}]'.format(remote.index) in n for n in notes):
+        error.add_note('raised while loading dataset[{}] in a worker '
+                       'process'.format(remote.index))
+    return error

@@ -1,0 +1,106 @@
+"""Where a worker puts the examples of a task as it loads them: into the
+task's slot (one by one, or a chunk at a time) or, without a slot, into the
+result itself."""
+
+from chainiter.iterators.multiprocess import (
+    layout as _layout, list_layout, stacked_layout, stacked_rows)
+
+# Examples of at least this many bytes are written into shared memory as
+# soon as each is loaded: its memory is then freed and reused by the next,
+# instead of a whole chunk of fresh allocations that page-fault.  Smaller
+# ones are stacked a chunk at a time, with a few numpy calls per field.
+_STREAM_BYTES = 16384
+
+
+class _WholeSink(list):
+    """No slot: every example goes through the pipe."""
+
+    def result(self):
+        return [_layout.Whole(example) for example in self]
+
+
+class _EachSink:
+    """Writes each example into the slot as soon as it is loaded."""
+
+    def __init__(self, whole, layout, row):
+        self.whole, self.layout = whole, layout
+        self.row = row
+        self.metas = []
+
+    def append(self, example):
+        meta = self.write(example)
+        self.metas.append(_layout.Whole(example) if meta is None else meta)
+        self.row += 1
+
+    def __len__(self):
+        return len(self.metas)
+
+
+class _ListSink(_EachSink):
+
+    def write(self, example):
+        return list_layout.write_list_example(
+            self.whole, self.row * self.layout.example_bytes,
+            self.layout, example)
+
+    def result(self):
+        return self.metas
+
+
+class _StackedSink(_EachSink):
+
+    def write(self, example):
+        return stacked_rows.write_stacked_example(
+            self.whole, self.layout, self.row, example)
+
+    def result(self):
+        return stacked_rows.as_rows(self.layout, self.metas)
+
+
+class _ChunkSink(list):
+    """Collects the (small) examples of a task, then writes them all with a
+    few numpy calls per field."""
+
+    def __init__(self, whole, layout, row):
+        super().__init__()
+        self.whole, self.layout = whole, layout
+        self.row = row
+
+    def _one_by_one(self, sink_type):
+        sink = sink_type(self.whole, self.layout, self.row)
+        for example in self:
+            sink.append(example)
+        return sink.result()
+
+
+class _ListChunkSink(_ChunkSink):
+
+    def result(self):
+        if not self:
+            return []
+        start = self.row * self.layout.example_bytes
+        rows = list_layout.write_list_chunk(self.whole, start, self.layout,
+                                            self)
+        return self._one_by_one(_ListSink) if rows is None else rows
+
+
+class _StackedChunkSink(_ChunkSink):
+
+    def result(self):
+        rows = stacked_rows.write_stacked_chunk(
+            self.whole, self.layout, self.row, self)
+        return self._one_by_one(_StackedSink) if rows is None else rows
+
+
+def sink_for(whole, layout, row):
+    """The sink for a task whose first example is row ``row`` of the slot
+    ``whole`` (None: no slot)."""
+    if whole is None:
+        return _WholeSink()
+    if layout.mode == 'list':
+        if layout.example_bytes >= _STREAM_BYTES:
+            return _ListSink(whole, layout, row)
+        return _ListChunkSink(whole, layout, row)
+    if stacked_layout.row_bytes(layout) >= _STREAM_BYTES:
+        return _StackedSink(whole, layout, row)
+    return _StackedChunkSink(whole, layout, row)

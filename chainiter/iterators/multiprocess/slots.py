@@ -1,0 +1,200 @@
+"""The shared-memory slots a batch is written into, and their layouts.
+
+Each batch in flight owns a slot (a ``SharedBuffer`` of its own, allocated
+when a batch first needs one, at most ``n_prefetch + 2``).  A slot is reused
+only when no task may still write into it and no array handed to the user
+still views it: every hand-out exports the slot through one ctypes object,
+and a weak reference to it tells when the last view is gone.  When no slot
+is free the batch travels through the socket instead.
+
+The layout is measured from the first batch (``fit``) and grows when an
+example does not fit; new buffers replace the old ones, whose mappings stay
+for the batches still handed out from them.
+
+No processes or threads here: the pool calls it under its lock and sends
+what it allocates to the workers.
+"""
+
+import contextlib
+import ctypes
+import errno
+import signal
+import threading
+import weakref
+
+import numpy
+
+from chainiter.iterators.multiprocess import list_layout, stacked_layout
+from chainiter.iterators.multiprocess.shm import SharedBuffer
+
+GROWTH = 1.25                 # buffers grow at least by this factor
+
+# Running out of these degrades to copies; other errors propagate.
+_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """Hold back SIGINT in the main thread while a buffer is made and
+    stored: a KeyboardInterrupt between the two would leak its memory.
+    (The receiver thread blocks SIGINT for good; a Ctrl-C that the kernel
+    hands to another thread of the user's may still land.)"""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        yield
+        return
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        yield
+    finally:       # also when the interrupt came just before the block
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+class Slot:
+    __slots__ = ('exporter', 'index', 'owner', 'shared')
+
+    def __init__(self, index):
+        self.index = index
+        self.shared = None     # its SharedBuffer, once it is first needed
+        self.owner = None      # (generation, seq) of the batch it is for
+        self.exporter = None   # weak reference to the hand-out's exporter
+
+
+class Buffers:
+    """The slots of one layout."""
+
+    def __init__(self, buffer_id, layout, n_slots):
+        self.id = buffer_id
+        self.layout = layout
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.cannot_allocate = False
+        self.next = 0    # slots are freed about in turn: look here first
+
+    def allocated(self):
+        return [slot for slot in self.slots if slot.shared is not None]
+
+
+class SlotPool:
+
+    def __init__(self, n_slots, batch_size, stacked, padding, shared_mem):
+        self.n_slots = n_slots
+        self.batch_size = batch_size
+        self.stacked = stacked
+        self.padding = padding
+        self.shared_mem = shared_mem
+        self.buffers = None
+        self.replaced = []      # earlier buffers, until the pool closes
+        self.cannot_grow = False
+
+    @property
+    def layout(self):
+        buffers = self.buffers
+        return None if buffers is None else buffers.layout
+
+    def free(self, generation, busy):
+        """A slot for a new batch of ``generation``, or None;
+        ``busy(buffer_id)`` gives the slots that tasks
+        may still write into.  Raises MemoryError or OSError when a slot
+        could not be allocated for want of memory, descriptors or room
+        (later calls give None then)."""
+        buffers = self.buffers
+        if buffers is None:
+            return None
+        slots = buffers.slots
+        in_use = None
+        for k in range(buffers.next, buffers.next + len(slots)):
+            slot = slots[k % len(slots)]
+            if slot.shared is not None and (
+                    slot.owner is None or slot.owner[0] != generation) \
+                    and (slot.exporter is None or slot.exporter() is None):
+                if in_use is None:
+                    in_use = busy(buffers.id)
+                if slot.index in in_use:
+                    continue
+                buffers.next = slot.index + 1
+                return slot
+        if buffers.cannot_allocate:
+            return None
+        for slot in slots:
+            if slot.shared is None:
+                try:
+                    with _uninterrupted():
+                        slot.shared = SharedBuffer.allocate(
+                            buffers.layout.slot_bytes)
+                except (MemoryError, OSError) as e:
+                    if isinstance(e, OSError) and \
+                            e.errno not in _RESOURCE_ERRNOS:
+                        raise
+                    buffers.cannot_allocate = True
+                    raise
+                return slot
+        return None
+
+    def replace(self, layout):
+        """New buffers for ``layout``, with their first slot allocated (no
+        room at all is a clear error now)."""
+        old = self.buffers
+        new = Buffers(0 if old is None else old.id + 1, layout, self.n_slots)
+        with _uninterrupted():
+            new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
+            self.buffers = new
+            if old is not None:
+                # Batches in flight may still be handed out from the old
+                # slots, and outboxes may still pass their descriptors.
+                self.replaced.append(old)
+        return new
+
+    @staticmethod
+    def exporter(batch):
+        """The object every array of the batch's hand-out views."""
+        return (ctypes.c_char * batch.buffers.layout.slot_bytes) \
+            .from_buffer(batch.slot.shared.buffer)
+
+    @staticmethod
+    def lease(slot, exporter):
+        slot.exporter = weakref.ref(exporter)
+        slot.owner = None
+
+    def release(self):
+        """The pool is closed: unmap the slots now."""
+        for buffers in self.replaced + [self.buffers]:
+            if buffers is not None:
+                for slot in buffers.allocated():
+                    slot.shared.release()
+
+    def fit(self, examples, layout, oversize):
+        """The layout for buffers that fit ``examples`` (a batch that did
+        not fully go through ``layout``: the first batch, or one with
+        ``oversize`` examples), as ``(new_layout, mismatch)``: None when the
+        buffers should stay, and a description when the batch does not
+        match the stacked layout (a matter of dtypes or ranks, not room)."""
+        new = None
+        if self.stacked:
+            capacities = None
+            if layout is not None and layout.mode == 'stacked':
+                capacities = {f.key: tuple(int(numpy.ceil(c * GROWTH))
+                                           for c in f.capacity)
+                              for f in layout.fields}
+            new = stacked_layout.stacked_layout(
+                examples, self.batch_size, self.padding, capacities)
+            if new is None and layout is not None:
+                return None, None  # the batch cannot be stacked: keep it
+            if new is not None and layout is not None and \
+                    layout.mode == 'stacked':
+                how = stacked_layout.mismatch(layout, new)
+                if how is not None:
+                    # Switching layouts would only make the batches like
+                    # the first one miss in turn.
+                    return None, how
+            if new is not None and layout is None and self.shared_mem:
+                new = stacked_layout.widen(new, examples, self.batch_size,
+                                           self.shared_mem)
+        if new is None:
+            needed = max(list_layout.example_array_bytes(e)
+                         for e in examples)
+            if needed == 0:
+                return None, None  # no arrays: nothing for shared memory
+            if layout is not None and layout.mode == 'list':
+                needed = max(needed, int(layout.example_bytes * GROWTH))
+            new = list_layout.list_layout(self.batch_size, needed)
+        return new, None

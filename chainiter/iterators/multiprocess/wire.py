@@ -1,0 +1,172 @@
+"""What travels between the pool and a worker, and how it is framed.
+
+To the worker (``multiprocessing.Connection`` framing, read by ``recv``):
+``('layout', buffer_id, Layout)``; ``('slot', buffer_id, index, size)``
+followed by the slot's file descriptor; a ``Task`` as ``encode_task`` made
+it; ``None`` to exit.  From the worker: a fixed header (generation, seq,
+chunk), so that the parent always knows which chunk a result is for,
+followed by the pickled ``(metas, error)``.
+"""
+
+import os
+import pickle
+import select
+import struct
+import traceback
+import typing
+
+import numpy
+
+from chainiter.iterators.multiprocess.remote import (
+    RemoteError, first_unpicklable)
+
+class Task(typing.NamedTuple):
+    generation: int
+    seq: int
+    chunk: int
+    start: int              # row of the first example within the batch
+    indices: object         # int array in the parent, list in the worker
+    spans: tuple            # epochs and positions, as in Step
+    slot: int               # index of the slot to write into, or -1
+    buffer_id: int
+    seed: int               # keys example_rng()
+
+
+def encode_task(task):
+    """A task as bytes: a plain tuple with the indices as raw int64, which
+    costs far less to pickle and unpickle than a list of ints."""
+    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
+        task
+    return pickle.dumps(
+        (generation, seq, chunk, start,
+         numpy.asarray(indices, dtype=numpy.int64).tobytes(), spans, slot,
+         buffer_id, seed), pickle.HIGHEST_PROTOCOL)
+
+
+def decode_task(message):
+    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
+        message
+    return Task(generation, seq, chunk, start,
+                numpy.frombuffer(indices, dtype=numpy.int64).tolist(), spans,
+                slot, buffer_id, seed)
+
+
+class Result(typing.NamedTuple):
+    generation: int
+    seq: int
+    chunk: int
+    metas: object           # Rows, or per example its metadata or a Whole
+    error: object = None    # a RemoteError when loading failed
+
+
+
+_HEADER = struct.Struct('<qqq')   # generation, seq, chunk
+
+
+def header(generation, seq, chunk):
+    return _HEADER.pack(generation, seq, chunk)
+
+
+def send_result(conn, task, metas, error):
+    """Send a result as a fixed header, so that the parent always knows
+    which chunk it is for, followed by the pickled payload."""
+    try:
+        payload = pickle.dumps((metas, error), pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        index = first_unpicklable(metas, task)
+        what = 'example' if error is None else 'exception'
+        payload = pickle.dumps(([], RemoteError(
+            None, type(e).__qualname__,
+            'the {} of dataset[{}] cannot be pickled to send it from the '
+            'worker to the main process: {}: {}'.format(
+                what, index, type(e).__qualname__, e),
+            traceback.format_exc(), index)))
+    send_frame(conn, _HEADER.pack(task.generation, task.seq, task.chunk) +
+               payload)
+
+
+
+_LENGTH = struct.Struct('!i')       # multiprocessing.Connection's framing
+_LONG_LENGTH = struct.Struct('!Q')
+
+
+def frame(data):
+    """``data`` framed as ``Connection.send_bytes`` frames it."""
+    if len(data) > 0x7fffffff:
+        return _LENGTH.pack(-1) + _LONG_LENGTH.pack(len(data)) + data
+    return _LENGTH.pack(len(data)) + data
+
+
+def send_frame(conn, data):
+    """``conn.send_bytes(data)`` in one system call and without its Python
+    layers (the same framing: ``recv``, ``recv_bytes`` and
+    ``receive_results`` read it)."""
+    if len(data) > 16384:   # large: not worth a copy to save a call
+        conn.send_bytes(data)
+        return
+    framed = frame(data)
+    fd = conn.fileno()
+    sent = os.write(fd, framed)
+    while sent < len(framed):
+        sent += os.write(fd, framed[sent:])
+
+
+def receive_results(conn):
+    """Every result waiting in ``conn``, as ``(generation, seq, chunk,
+    worker, payload)``; blocks only to complete a message that has begun.
+
+    One system call reads the small messages that are waiting
+    (``recv_bytes`` takes two per message); a large one is read straight
+    into its buffer."""
+    fd = conn.fileno()
+    data = os.read(fd, 65536)
+    if not data:
+        raise EOFError
+    out = []
+    pos = 0
+    while pos < len(data):
+        # A frame's header never ends the stream: reading exactly the
+        # missing bytes of a header never reads into the next frame.
+        data, pos = _at_least(fd, data, pos, _LENGTH.size)
+        size, = _LENGTH.unpack_from(data, pos)
+        head = _LENGTH.size
+        if size == -1:
+            data, pos = _at_least(fd, data, pos, head + _LONG_LENGTH.size)
+            size, = _LONG_LENGTH.unpack_from(data, pos + head)
+            head += _LONG_LENGTH.size
+        start, end = pos + head, pos + head + size
+        if end <= len(data):
+            message = data[start:end]
+        else:
+            message = bytearray(size)
+            have = len(data) - start
+            message[:have] = data[start:]
+            _read_into(fd, message, have)
+        out.append(_HEADER.unpack_from(message) +
+                   (memoryview(message)[_HEADER.size:],))
+        pos = end
+    return out
+
+
+def _at_least(fd, data, pos, n):
+    """``(data, pos)`` with at least ``n`` bytes from ``pos`` on."""
+    missing = n - (len(data) - pos)
+    if missing <= 0:
+        return data, pos
+    more = bytearray(missing)
+    _read_into(fd, more, 0)
+    return data[pos:] + bytes(more), 0
+
+
+def _read_into(fd, target, filled):
+    view = memoryview(target)
+    while filled < len(target):
+        try:
+            n = os.readv(fd, [view[filled:]])
+        except BlockingIOError:     # the parent's end is non-blocking
+            select.select([fd], [], [])
+            continue
+        if n == 0:
+            raise EOFError
+        filled += n
+

@@ -1,0 +1,157 @@
+"""The worker process: turns tasks (lists of indices) into examples.
+
+A worker reads the messages of ``wire.py`` from its socket: layouts and
+slots to write into, and tasks.  For a task it loads the examples, writes
+their arrays into the task's slot (``sinks.py``) and sends back the small
+metadata of each example (or the example itself when there is no slot or
+it does not fit), or the exception.
+
+It exits by itself when the parent's end of the pipe closes, and (on Linux)
+is killed by the kernel when the parent dies.  It ignores SIGINT: Ctrl-C is
+the parent's to handle.
+"""
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing import reduction
+
+import numpy
+
+from chainiter import _context
+from chainiter.iterators.multiprocess import remote, sinks, wire
+from chainiter.iterators.multiprocess.shm import SharedBuffer
+
+_PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
+
+
+def watch_parent(parent_pid, by_main_thread):
+    """Exit when the parent dies, even while ``dataset[i]`` is stuck."""
+    # The kernel's parent-death signal fires when the THREAD that started
+    # the worker ends: use it only for workers the main thread started.
+    if by_main_thread and os.getppid() == parent_pid and \
+            sys.platform.startswith('linux'):
+        _set_parent_death_signal()   # the kernel kills us at once
+    # Under forkserver the parent is the server, so also check by pid.
+    def watch():
+        while _alive(parent_pid):
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(1)
+    threading.Thread(target=watch, name='chainiter-parent-watch',
+                     daemon=True).start()
+
+
+def _alive(pid):
+    """False once ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        with open('/proc/{}/stat'.format(pid), 'rb') as f:
+            return f.read().rsplit(b')', 1)[1].split()[0] not in (b'Z', b'X')
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _set_parent_death_signal():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+
+class PickledDataset:
+    """The dataset for a spawned worker, unpickled by the worker itself, so
+    that a failure is reported to the parent like any other."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __reduce__(self):
+        return PickledDataset, (pickle.dumps(self.dataset,
+                                             pickle.HIGHEST_PROTOCOL),)
+
+
+#: ``seq`` of the message a worker sends when it cannot start.
+STARTUP_FAILED = -1
+
+
+def worker_main(conn, dataset, seed, worker_id, num_workers,
+                worker_init_fn, parent_pid, max_tasks, by_main_thread):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent(parent_pid, by_main_thread)
+    _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
+                                                 seed + worker_id))
+    what = 'the dataset could not be unpickled in the worker'
+    try:
+        if type(dataset) is PickledDataset:
+            dataset = pickle.loads(dataset.dataset)
+        what = 'worker_init_fn({}) raised'.format(worker_id)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except Exception as e:
+        error = remote.capture(e, -1)
+        error = error._replace(message='{}: {}'.format(what, error.message))
+        try:
+            wire.send_frame(conn, wire.header(0, STARTUP_FAILED, 0) +
+                            pickle.dumps(([], error),
+                                         pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            pass
+        return
+    layout = None
+    buffer_id = -1
+    slots = {}
+    done = 0
+    while max_tasks is None or done < max_tasks:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        if message[0] == 'layout':
+            _, buffer_id, layout = message
+            slots = {}
+            continue
+        if message[0] == 'slot':
+            _, owner, index, size = message
+            try:
+                fd = reduction.recv_handle(conn)
+            except (EOFError, OSError, RuntimeError):
+                return     # retired in the middle of a message
+            shared = SharedBuffer(size, fd)
+            if owner == buffer_id:
+                slots[index] = numpy.frombuffer(shared.buffer,
+                                                dtype=numpy.uint8)
+            shared.close()     # the mapping stays while the array lives
+            continue
+        task = wire.decode_task(message)
+        whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
+        sink = sinks.sink_for(whole, layout, task.start)
+        error = None
+        try:
+            _context.load_examples(dataset, task.indices, task.seed,
+                                   task.spans, sink)
+        except Exception as e:
+            error = remote.capture(e, int(task.indices[len(sink)]))
+        metas = [] if error is not None else sink.result()
+        try:
+            wire.send_result(conn, task, metas, error)
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            return
+        done += 1
+

@@ -1,0 +1,135 @@
+"""The dispatch book, driven without any process or thread: chunks,
+assignment, results in any order, generations, deaths and failures."""
+
+import pickle
+
+import numpy
+
+from chainiter.errors import ChainiterError, WorkerDiedError
+from chainiter.iterators._state import Step
+from chainiter.iterators.multiprocess.book import Book
+
+
+def step(start, n, epoch=0):
+    return Step(numpy.arange(start, start + n), ((epoch, start, start + n),))
+
+
+def result(task, payload=('metas', None)):
+    return (task.generation, task.seq, task.chunk, pickle.dumps(payload))
+
+
+def book_with_workers(n_workers=2, n_prefetch=1, max_tasks=None):
+    book = Book(n_workers, n_prefetch, max_tasks)
+    for key in range(n_workers):
+        book.add_worker(key)
+    return book
+
+
+def open_and_assign(book, first, n):
+    batch, tasks = book.open_batch(step(first, n), 0, None, None, -1, -1)
+    return batch, [(book.assign(task), task) for task in tasks]
+
+
+def test_a_batch_is_cut_into_enough_chunks_to_keep_every_worker_busy():
+    book = book_with_workers(n_workers=4, n_prefetch=2)
+    batch, tasks = book.open_batch(step(10, 6), 7, None, None, -1, -1)
+    assert batch.n_chunks == 2 == len(tasks)
+    assert [list(t.indices) for t in tasks] == [[10, 11, 12], [13, 14, 15]]
+    assert [t.start for t in tasks] == [0, 3]
+    assert [t.spans for t in tasks] == [((0, 10, 13),), ((0, 13, 16),)]
+    assert all(t.seed == 7 for t in tasks)
+
+
+def test_tasks_go_to_the_least_busy_worker_that_takes_tasks():
+    book = book_with_workers(n_workers=2, max_tasks=2)
+    keys = [key for _, assigned in (open_and_assign(book, i, 4)
+                                    for i in range(2)) for key, _ in assigned]
+    assert keys == [0, 1, 0, 1]
+    assert book.accepting() == []          # both reached max_tasks
+    _, assigned = open_and_assign(book, 8, 4)
+    assert [key for key, _ in assigned] == [None, None]
+    assert len(book.take_unassigned()) == 2
+
+
+def test_results_in_any_order_leave_batches_in_order():
+    book = book_with_workers()
+    batches = [open_and_assign(book, 4 * i, 4) for i in range(3)]
+    ready = []
+    for b, assigned in reversed(batches):
+        for key, task in reversed(assigned):
+            ready += book.on_result(key, *result(task))
+    assert [b.seq for b in ready] == [0, 1, 2]
+    assert all(len(b.results) == b.n_chunks for b in ready)
+
+
+def test_results_of_an_older_generation_are_dropped():
+    book = book_with_workers()
+    _, assigned = open_and_assign(book, 0, 4)
+    book.new_generation()
+    assert all(book.on_result(key, *result(task)) == []
+               for key, task in assigned)
+    batch, assigned = open_and_assign(book, 0, 4)
+    ready = []
+    for key, task in assigned:
+        ready += book.on_result(key, *result(task))
+    assert ready == [batch]
+
+
+def test_a_death_counts_only_against_the_batch_being_loaded():
+    book = book_with_workers(n_workers=1, n_prefetch=4)
+    batches = [open_and_assign(book, 4 * i, 4)[0] for i in range(4)]
+    book.add_worker(1)
+    exit = book.worker_exited(0, -9, 'died with signal 9')
+    assert exit.unexpected and exit.ready == []
+    assert [b.deaths for b in batches] == [1, 0, 0, 0]
+    assert [t.seq for t in exit.lost] == [0, 1, 2, 3]   # all loaded again
+
+
+def test_three_deaths_on_one_batch_fail_it_and_only_it():
+    book = book_with_workers(n_workers=1, n_prefetch=2)
+    first, _ = open_and_assign(book, 0, 4)
+    second, _ = open_and_assign(book, 4, 4)
+    for key in range(3):
+        exit = book.worker_exited(key, -9, '(pid 1) died with signal 9')
+        book.add_worker(key + 1)
+        for task in exit.lost:
+            book.assign(task)
+    assert exit.ready == [first]
+    assert isinstance(first.failure, WorkerDiedError)
+    assert '[0, 1, 2, 3]' in str(first.failure)
+    assert second.failure is None and second.seq in book.inflight
+
+
+def test_a_retired_worker_with_nothing_current_exits_quietly():
+    book = book_with_workers()
+    open_and_assign(book, 0, 4)
+    book.retire(0)
+    book.new_generation()
+    assert book.accepting() == [1]
+    exit = book.worker_exited(0, 0, 'exited')
+    assert not exit.unexpected and exit.lost == []
+
+
+def test_a_failure_fails_every_batch_now_and_later():
+    book = book_with_workers()
+    open_and_assign(book, 0, 4)
+    cause = OSError('no GPU')
+    ready = book.fail_all('could not start', cause)
+    assert len(ready) == 1 and isinstance(ready[0].failure, ChainiterError)
+    assert ready[0].failure.__cause__ is cause
+    batch, tasks = book.open_batch(step(4, 4), 0, None, None, -1, -1)
+    assert tasks == []
+    assert book.ready_failed(batch) == [batch]
+    assert 'could not start' in str(batch.failure)
+
+
+def test_slots_stay_busy_while_a_task_may_write_into_them():
+    book = book_with_workers()
+    batch, tasks = book.open_batch(step(0, 4), 0, 'slot', 'buffers', 3, 0)
+    keys = [book.assign(task) for task in tasks]
+    assert book.busy_slots(0) == {3} and book.busy_slots(1) == set()
+    book.new_generation()       # the tasks may still be writing
+    assert book.busy_slots(0) == {3}
+    for key, task in zip(keys, tasks):
+        book.on_result(key, *result(task))
+    assert book.busy_slots(0) == set()
