@@ -317,6 +317,21 @@ class Faulty:
         return numpy.full(3, i)
 
 
+class KillsOnceEach(Faulty):
+    """Loading any of ``bad`` kills the worker, once per index."""
+
+    def __init__(self, n, bad, directory):
+        super().__init__(n, None, 'sigkill')
+        self.bad_set, self.directory = set(bad), directory
+
+    def __getitem__(self, i):
+        import os
+        if i in self.bad_set:
+            self.bad, self.once_file = i, os.path.join(self.directory,
+                                                       str(i))
+        return super().__getitem__(i)
+
+
 def wait_for_file(path, timeout):
     import os
     import time

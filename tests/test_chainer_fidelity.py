@@ -281,7 +281,6 @@ def test_subclasses_and_their_attributes_survive_copies(duplicate):
     assert next(twin) == next(it) == [2, 3]
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_a_multiprocess_iterator_passed_to_a_child_process(method):
     import multiprocessing
     ctx = multiprocessing.get_context(method)
@@ -351,7 +350,6 @@ def test_large_examples_keep_their_types(make, kind):
         assert got == [helpers.describe(next(ref)) for _ in range(3)]
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_stacked_fields_of_the_other_byte_order(method):
     # The workers stack them as concat_examples does (native order), with
     # no warning (an error here) and nothing taken for oversize.

@@ -17,7 +17,6 @@ from chainiter import (
 from chainiter.backends import cuda
 
 from helpers import (
-    START_METHODS,
     AugmentedDataset,
     Examples,
     assert_resume_equivalent,
@@ -91,7 +90,6 @@ def test_prefetcher_snapshot_loads_into_a_plain_iterator():
         assert [list(map(int, next(plain))) for _ in range(3)] == expected
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_batches_waiting_for_transfer_keep_their_shared_memory(method):
     """Batches fetched ahead (whose copy to the device would be in flight)
     view MultiprocessIterator's shared memory: the workers must not refill
@@ -122,7 +120,6 @@ def test_gpu_device_without_cupy_says_how_to_fix():
         DevicePrefetcher(SerialIterator([1, 2], 1), device='@cupy:0')
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_shared_region_finds_the_buffer_of_a_stacked_batch(method):
     from chainiter.dataset.async_transfer import shared_region
     with MultiprocessIterator(Examples(12, 'tuple'), 4, n_processes=1,
@@ -188,7 +185,6 @@ def test_gpu_async_converter_values_and_no_corruption(cupy):
 
 
 @gpu
-@pytest.mark.parametrize('method', START_METHODS)
 def test_gpu_prefetcher_from_shared_memory(cupy, method):
     dataset = Examples(64, 'tuple')
     with DevicePrefetcher(MultiprocessIterator(

@@ -1,7 +1,6 @@
 """Fault injection: every fault ends in the right batches or a clear error,
 promptly, with no process and no shared-memory file left behind."""
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,8 +12,8 @@ import pytest
 import chainiter
 from chainiter import MultiprocessIterator, SerialIterator
 
+import helpers
 from helpers import (
-    START_METHODS,
     Faulty,
     fingerprint,
     shm_files,
@@ -24,11 +23,6 @@ from helpers import (
 )
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(params=START_METHODS)
-def method(request):
-    return request.param
 
 
 def run_two_epochs(dataset, method, **kwargs):
@@ -109,20 +103,66 @@ class LargeBatches(Faulty):
         return str(i).encode().ljust(100)
 
 
-def test_death_with_large_tasks_and_results(method,
-                                            tmp_path):
+LARGE_SCRIPT = '''
+import sys, warnings
+sys.path.insert(0, {tests!r})
+import chainiter, test_faults
+
+
+def main():
     # The dead worker's tasks (20,000 indices each) go to its replacement,
     # whose results (2 MB each) only the receiver thread reads: that thread
     # must not be the one waiting to send the tasks.
-    dataset = LargeBatches(100000, 50000, str(tmp_path / 'happened'))
-    with MultiprocessIterator(dataset, 20000, n_processes=1, n_prefetch=8,
-                              shuffle=False, start_method=method) as it:
-        with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
+    dataset = test_faults.LargeBatches(100000, 50000, {once!r})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 20000, n_processes=1, n_prefetch=8, shuffle=False,
+                start_method={method!r}) as it:
             for step in range(10):
                 batch = next(it)
                 start = step % 5 * 20000
                 assert batch[0] == str(start).encode().ljust(100)
                 assert len(batch) == 20000
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_death_with_large_tasks_and_results(method, tmp_path):
+    # In a child with a deadline: with sends that can block (the receiver
+    # thread writing the replacement's tasks while that worker waits for it
+    # to read a result) it hangs, and the deadline makes that a failure.
+    script = tmp_path / 'large.py'
+    script.write_text(LARGE_SCRIPT.format(
+        tests=TESTS_DIR, method=method, once=str(tmp_path / 'happened')))
+    try:
+        child = subprocess.run([sys.executable, str(script)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               universal_newlines=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail('a worker death with large tasks hung the iterator')
+    assert child.returncode == 0, child.stderr
+    assert 'OK' in child.stdout
+    assert 'WorkerRestartWarning' in child.stdout and 'signal 9' in \
+        child.stdout
+
+
+def test_deaths_count_against_the_batch_being_loaded(method, tmp_path):
+    # Three deaths, each while loading another batch, with deep prefetch:
+    # every batch in flight was queued to the dying worker, but none of
+    # them killed three workers, so none fails.
+    dataset = helpers.KillsOnceEach(16, [2, 6, 10], str(tmp_path))
+    with MultiprocessIterator(dataset, 4, n_processes=1, n_prefetch=4,
+                              shuffle=False, start_method=method) as it:
+        with pytest.warns(chainiter.WorkerRestartWarning):
+            got = [[int(x[0]) for x in next(it)] for _ in range(4)]
+    assert got == [list(range(4 * k, 4 * k + 4)) for k in range(4)]
 
 
 def test_batch_that_keeps_killing_workers_raises(method):
@@ -317,3 +357,48 @@ def test_dev_shm_filled_while_running(method, tmp_path, tmp_room):
     assert 'OK' in out.stdout
     assert 'WARNING SharedMemoryWarning' in out.stdout, out.stdout
     assert 'Bus error' not in out.stderr
+
+
+FDS_SCRIPT = '''
+import os, resource, sys, warnings
+sys.path.insert(0, {tests!r})
+import chainiter, helpers
+
+
+def main():
+    # Deep prefetch of 1 MiB examples under a low limit of descriptors:
+    # each slot costs two in the main process, so the slots run out first.
+    dataset = helpers.Megabyte()
+    open_now = len(os.listdir('/proc/self/fd'))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 48, hard))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 2, n_processes=2, n_prefetch=60, shuffle=False,
+                start_method={method!r}) as it, \\
+                chainiter.SerialIterator(dataset, 2, shuffle=False) as ref:
+            for _ in range(80):
+                assert helpers.fingerprint(next(it)) == \\
+                    helpers.fingerprint(next(ref))
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_descriptors_run_out_under_deep_prefetch(method, tmp_path):
+    script = tmp_path / 'fds.py'
+    script.write_text(FDS_SCRIPT.format(tests=TESTS_DIR, method=method))
+    child = subprocess.run([sys.executable, str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True, timeout=90)
+    assert child.returncode == 0, child.stderr
+    assert 'OK' in child.stdout
+    warned = [line for line in child.stdout.splitlines()
+              if line.startswith('WARNING SharedMemoryWarning')]
+    assert any('n_prefetch=60' in line for line in warned), child.stdout

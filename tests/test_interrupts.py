@@ -11,16 +11,13 @@ them tasks or shared memory, while it hands the batch out.
 
 import functools
 import gc
-import os
 import random
 import signal
 import threading
 
 import pytest
 
-import chainiter
 from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
-from chainiter.iterators._base import DatasetIterator
 
 from helpers import (
     START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)

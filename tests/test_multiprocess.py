@@ -24,7 +24,6 @@ from chainiter import (
 
 import helpers
 from helpers import (
-    START_METHODS,
     AugmentedDataset,
     Examples,
     Pids,
@@ -33,11 +32,6 @@ from helpers import (
     shm_files,
     wait_processes_gone,
 )
-
-
-@pytest.fixture(params=START_METHODS)
-def method(request):
-    return request.param
 
 
 def same_stream(make_mp, make_ref, steps):
@@ -309,6 +303,104 @@ def test_maxtasksperchild_replaces_workers(method):
     assert [e[0] for e in examples] == list(range(12)) * 2
     assert len({e[1] for e in examples}) > 2
     assert wait_processes_gone({e[1] for e in examples}, timeout=10)
+
+
+class ParentThreads:
+    """Example i: (i, the number of threads of the worker's parent)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        with open('/proc/{}/status'.format(os.getppid())) as f:
+            threads = [line for line in f if line.startswith('Threads:')]
+        return i, int(threads[0].split()[1])
+
+
+def test_fork_workers_come_from_a_process_without_threads():
+    # Forking a process that has threads may deadlock the child (Python
+    # 3.12+ warns): every worker, the replacements that maxtasksperchild
+    # asks for included, is forked by a launcher with one thread.
+    with MultiprocessIterator(ParentThreads(), 4, n_processes=2,
+                              maxtasksperchild=1, shuffle=False,
+                              start_method='fork') as it:
+        examples = [e for _ in range(6) for e in next(it)]
+    assert [e[0] for e in examples] == list(range(12)) * 2
+    assert {e[1] for e in examples} == {1}
+
+
+class IdsAndLabel:
+    """``([i, i + 1], label)``: a list field; label 6 is a float."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return [i, i + 1], 0.5 if i == 6 else i
+
+
+class PartlyPadded:
+    """``{'x': ragged array, 'y': float32 scalar}``."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {'x': numpy.arange(i % 3 + 1), 'y': numpy.float32(i)}
+
+
+@pytest.mark.parametrize('dataset,converter', [
+    (IdsAndLabel(), concat_examples),
+    (PartlyPadded(), functools.partial(concat_examples, padding={'x': -1})),
+], ids=['list-field-and-a-float-label', 'padding-for-some-keys'])
+def test_stacked_batches_equal_the_converter_of_the_list(method, dataset,
+                                                         converter):
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref:
+        with warnings.catch_warnings():
+            # A batch that does not match the first one's layout may warn.
+            warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+            got = [next(it) for _ in range(8)]
+        expected = [converter(next(ref)) for _ in range(8)]
+    assert helpers.describe(got) == helpers.describe(expected)
+
+
+def test_a_batch_a_forked_child_holds_is_never_overwritten(method):
+    # The parent drops the batch and iterates on; a child forked while the
+    # parent held it reads it later and must see what it was given.
+    dataset = AugmentedDataset(64)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=concat_examples,
+                              start_method=method) as it:
+        batch = next(it)
+        expected = fingerprint(batch)
+        go_r, go_w = os.pipe()
+        result_r, result_w = os.pipe()
+        with warnings.catch_warnings():
+            # The test forks a process with threads: the child only reads.
+            warnings.simplefilter('ignore', DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                os.read(go_r, 1)
+                os.write(result_w, b'1' if fingerprint(batch) == expected
+                         else b'0')
+            finally:
+                os._exit(0)
+        os.close(go_r)
+        os.close(result_w)
+        del batch
+        gc.collect()
+        for _ in range(30):        # slots are reused many times over
+            next(it)
+        os.write(go_w, b'g')
+        same = os.read(result_r, 1)
+        os.waitpid(pid, 0)
+        os.close(go_w)
+        os.close(result_r)
+    assert same == b'1'
 
 
 def test_dataset_error_is_raised_with_worker_traceback(method):

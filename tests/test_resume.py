@@ -8,7 +8,7 @@ import numpy
 import pytest
 
 import chainiter
-from chainiter import MultithreadIterator, SerialIterator
+from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
 from chainiter.serializers import load_npz, save_npz
 
 from helpers import AugmentedDataset, assert_resume_equivalent, take
@@ -34,6 +34,20 @@ def test_resume_equivalence(source, shuffle):
     # Targets are built with another seed: the snapshot's seed must win.
     assert_resume_equivalent(
         factory(source, 7), [factory(kind, 8) for kind in KINDS], STEPS)
+
+
+@pytest.mark.parametrize('shuffle', [True, False])
+def test_resume_equivalence_multiprocess(method, shuffle):
+    # The same matrix for MultiprocessIterator under each start method, as
+    # source and as target (fewer steps: every target starts workers).
+    dataset = AugmentedDataset(N)
+    mp = functools.partial(MultiprocessIterator, n_processes=2,
+                           n_prefetch=2, start_method=method)
+
+    def factory(kind, seed):
+        return lambda: kind(dataset, BATCH, shuffle=shuffle, seed=seed)
+    assert_resume_equivalent(
+        factory(mp, 7), [factory(SerialIterator, 8), factory(mp, 8)], 8)
 
 
 @pytest.mark.parametrize('source', KINDS, ids=KIND_IDS)

@@ -13,7 +13,7 @@ import pytest
 
 import chainiter
 
-from helpers import START_METHODS, IndexAndPid, shm_files, wait_processes_gone
+from helpers import IndexAndPid, shm_files, wait_processes_gone
 
 N_EXAMPLES = 200_000
 EPOCHS = 5
@@ -22,7 +22,6 @@ BATCH = 1000
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize('method', START_METHODS)
 def test_million_examples_with_random_worker_kills(method):
     before = shm_files()
     dataset = IndexAndPid(N_EXAMPLES)

@@ -10,7 +10,6 @@ import chainiter
 from chainiter import MultiprocessIterator
 
 import helpers
-from helpers import START_METHODS
 
 
 def _workers_gone(timeout):
@@ -34,7 +33,6 @@ def _raises_startup_failure(it, cause_type, text):
         assert 'Traceback' in str(info.value.__cause__.__cause__)
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_failing_worker_init_fn(method):
     with MultiprocessIterator(list(range(8)), 2, n_processes=2,
                               worker_init_fn=helpers.failing_init,

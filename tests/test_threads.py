@@ -11,7 +11,6 @@ import chainiter
 from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
 
 import helpers
-from helpers import START_METHODS
 
 
 def call_in_thread(function):
@@ -45,7 +44,6 @@ def test_finalize_wakes_next_waiting_in_threads():
     assert not finalizing.is_alive()
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_finalize_wakes_next_waiting_for_workers(method):
     # dataset[1] takes ten minutes; the workers are ended by finalize().
     dataset = helpers.Stalling(8, slow=1, seconds=600)
@@ -81,7 +79,6 @@ def test_second_concurrent_next_is_a_clear_error(kind):
         assert next(it) == [8, 9, 10, 11]      # nothing lost or repeated
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_finalize_releases_shared_memory_at_once(method):
     gc.collect()    # earlier tests' iterators go now, not during this one
     before = helpers.mapped_buffers()
@@ -103,7 +100,6 @@ def test_finalize_releases_shared_memory_at_once(method):
     assert helpers.mapped_buffers() == before
 
 
-@pytest.mark.parametrize('method', START_METHODS)
 def test_iterator_made_in_a_thread_that_ends(method):
     made = []
     maker = threading.Thread(target=lambda: made.append(MultiprocessIterator(

@@ -2,7 +2,7 @@
 
 ::
 
-    user ── next() ──► DatasetIterator ── advance(state) ──► Step(indices, keys)
+    user ── next() ──► DatasetIterator ── advance(state) ──► Step(indices, spans)
                           │    ▲                                  │
                           │    └── adopt state_after ◄── batch ◄──┤ transport
                           │                                       │ (_submit/_collect)

@@ -80,8 +80,9 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         batch_size: a positive int.
         repeat: whether the iterator wraps around into further epochs.
         dataset_len: the dataset length (used when ``state.order`` is None).
-        next_order: ``next_order(state_before_wrap, position, new_epoch)``
-            returns ``(order, sampler_state)`` for the epoch ``new_epoch``;
+        next_order: ``next_order(order, position, new_epoch)`` (the order
+            and position the epoch ends at) returns ``(order,
+            sampler_state)`` for the epoch ``new_epoch``;
             called only when ``state.order`` is not None.
 
     Returns:

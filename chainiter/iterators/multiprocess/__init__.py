@@ -26,6 +26,8 @@ One file, one idea:
 - ``book.py``: pure bookkeeping (batches, chunks, generations, which worker
   holds which task, what a death means).
 - ``receiver.py``: the only thread that reads from the workers.
+- ``worker_handle.py``: the pool's handle on one worker (its outbox, the
+  slots it has been sent).
 - ``outbox.py``: sends that never block; ``wire.py``: the messages and
   their framing; ``remote.py``: a worker's exception, raised again here.
 - ``launch.py``: starting workers (under fork: from a launcher process that

@@ -67,6 +67,7 @@ class Book:
         self.inflight = {}         # seq -> Batch
         self.unassigned = []       # tasks that wait for a worker to start
         self.failure = None        # (message, cause): every batch fails
+        self.short = False         # the last assign found too few workers
         self._held = {}            # worker key -> _Held
         self._reorderer = Reorderer()
 
@@ -123,6 +124,7 @@ class Book:
         """Record ``task`` for the least busy worker that takes tasks and
         return its key, or None: the task waits in ``unassigned``."""
         keys = self.accepting()
+        self.short = len(keys) < self.n_workers
         if not keys:
             self.unassigned.append(task)
             return None

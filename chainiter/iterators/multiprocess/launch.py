@@ -206,21 +206,22 @@ def _recv_line_and_fd(sock):
 def _launcher_main(control, pool_args, parent_pid, by_main_thread):
     """The helper: fork a worker for each request, report every exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker.watch_parent(parent_pid, by_main_thread)
+    # No thread: it forks, and a fork must find it single-threaded.
+    _worker.watch_parent(parent_pid, by_main_thread, thread=False)
     # Its workers are daemonic processes of its own, which multiprocessing
     # refuses to a daemonic process; it ends them itself.
     multiprocessing.current_process()._config['daemon'] = False
     ctx = multiprocessing.get_context('fork')
     running = {}       # sentinel -> (key, Process)
     pending = b''
-    while True:
-        ready = multiprocessing.connection.wait([control] + list(running))
+    while _worker.alive(parent_pid):
+        ready = multiprocessing.connection.wait(
+            [control] + list(running), _worker.PARENT_CHECK_S)
         for sentinel in ready:
             if sentinel in running:
                 key, process = running.pop(sentinel)
                 process.join()
-                control.sendall('exited {} {}\n'.format(
-                    key, process.exitcode).encode())
+                _report(control, 'exited', key, process.exitcode)
         if control not in ready:
             continue
         data, fds = _recv_line_and_fd(control)
@@ -240,9 +241,15 @@ def _launcher_main(control, pool_args, parent_pid, by_main_thread):
             process.start()
             conn.close()
             running[process.sentinel] = (key, process)
-            control.sendall('started {} {}\n'.format(
-                key, process.pid).encode())
+            _report(control, 'started', key, process.pid)
     stop([process for _, process in running.values()])
+
+
+def _report(control, what, key, value):
+    try:
+        control.sendall('{} {} {}\n'.format(what, key, value).encode())
+    except OSError:
+        pass      # the pool is gone; the next wait sees the end
 
 
 def _run_worker(control, args):

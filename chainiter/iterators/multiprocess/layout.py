@@ -9,7 +9,7 @@ Two layouts, both measured from the first batch:
 - ``list``: every example gets a region of ``example_bytes``; the arrays of
   its top-level fields are written one after another (64-byte aligned) and
   the worker sends back the example with each array replaced by a
-  ``ShmRef(offset, shape, dtype)``.  The parent hands out views.
+  ``ShmRef(offset, nbytes, shape, dtype)``.  The parent hands out views.
 - ``stacked`` (``converter=concat_examples``): every field of the batch is
   one array of shape ``(batch_size,) + capacity`` in the slot; worker ``w``
   writes example ``j`` straight into row ``j`` (padding included), so the

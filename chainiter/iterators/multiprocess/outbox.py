@@ -41,9 +41,23 @@ class Outbox:
     def put(self, data):
         """Queue one message and send what the socket takes; True when
         nothing is left waiting."""
+        framed = frame(data)
         with self._lock:
-            self._items.append([memoryview(frame(data)), None])
-            return self._flush()
+            if self._items or self.dead or self.torn:
+                self._items.append([memoryview(framed), None])
+                return self._flush()
+            self.torn = True            # until the count is recorded
+            try:                        # the common case: nothing waits
+                n = os.write(self._fd, framed)
+            except BlockingIOError:
+                n = 0
+            except OSError:             # the worker has died
+                n = len(framed)
+                self.dead = True
+            if n < len(framed):
+                self._items.append([memoryview(framed)[n:], None])
+            self.torn = False
+            return n == len(framed)
 
     def put_fd(self, owner):
         """Queue the file descriptor ``owner.fd`` (read by

@@ -27,10 +27,9 @@ from chainiter.iterators.multiprocess import receiver
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
-from chainiter.iterators.multiprocess.outbox import Outbox
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
-from chainiter.iterators.multiprocess.wire import encode_task
 from chainiter.iterators.multiprocess.worker import PickledDataset
+from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
 _CLOSED = object()
@@ -52,43 +51,21 @@ def _forget_workers_in_child():
             children.discard(process)
 
 
+def _retire_leased_slots():
+    """After a fork, in the parent: arrays handed out are now the child's
+    too; their slots are never reused (the child reads what it got)."""
+    for pool in list(_POOLS):
+        if pool.owner == os.getpid() and not pool.closed and \
+                pool.lock.acquire(timeout=10):
+            try:
+                pool.slots.retire_leased()
+            finally:
+                pool.lock.release()
+
+
 if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_forget_workers_in_child)
-
-
-class Worker:
-    """A worker process as the pool sees it."""
-
-    def __init__(self, worker_id, launched):
-        self.id = worker_id
-        self.launched = launched
-        self.key = launched.key
-        self.conn = launched.conn
-        self.outbox = Outbox(launched.conn)
-        self.at_eof = False    # its end of the socket is closed
-        self.buffer_id = -1    # the buffers whose layout it was sent
-        self.has_slots = set()
-
-    def send_task(self, task, buffers):
-        """Send a task; first the layout and the slot's memory (a message,
-        then the file descriptor itself) if the worker lacks them."""
-        if task.slot >= 0 and task.buffer_id == buffers.id and \
-                task.slot not in self.has_slots:
-            if self.buffer_id != buffers.id:
-                self.outbox.put_object(('layout', buffers.id,
-                                        buffers.layout))
-                self.buffer_id = buffers.id
-                self.has_slots = set()
-            shared = buffers.slots[task.slot].shared
-            self.outbox.put_object(('slot', buffers.id, task.slot,
-                                    shared.size))
-            self.outbox.put_fd(shared)
-            self.has_slots.add(task.slot)
-        self.outbox.put(encode_task(task))
-
-    def close(self):
-        self.outbox.close()
-        self.conn.close()
+    os.register_at_fork(after_in_child=_forget_workers_in_child,
+                        after_in_parent=_retire_leased_slots)
 
 
 class Pool:
@@ -158,7 +135,7 @@ class Pool:
         # Recorded before it is sent: a task that may have been sent is
         # one whose slot is busy.
         key = self.book.assign(task)
-        if key is None or self.book.short_of_workers():
+        if self.book.short:
             self.receiver.want()   # it starts workers
         if key is not None:
             self._touched = worker = self.workers[key]
@@ -313,6 +290,7 @@ class Pool:
         if code == -9:
             how += ' (SIGKILL: probably killed by the OOM killer)'
         died_with = '(pid {}) died with {}'.format(launched.pid, how)
+        self.receiver.want()         # a new worker may be needed
         outcome = self.book.worker_exited(launched.key, code, died_with)
         if self.closed or not outcome.unexpected:
             return

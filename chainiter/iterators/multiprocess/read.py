@@ -2,6 +2,8 @@
 
 import typing
 
+import numpy
+
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.list_layout import (
     UniformRows, read_list_chunk, read_list_example)
@@ -33,8 +35,11 @@ def read_batch(base, layout, chunks):
         capacity = tuple(f.capacity for f in layout.fields)
         rows = unstack(base, layout, [
             capacity if type(m) is Whole else m for m in metas])
-        examples = [m.example if type(m) is Whole else row
-                    for m, row in zip(metas, rows)]
+        # The rows come back as arrays: give the examples that came whole
+        # arrays too, so that the converter sees one kind of field (a list
+        # beside an array is an error to concat_examples).
+        examples = [_as_arrays(m.example, layout) if type(m) is Whole
+                    else row for m, row in zip(metas, rows)]
     else:
         metas = []
         for chunk in chunks:
@@ -46,3 +51,15 @@ def read_batch(base, layout, chunks):
             meta.example if type(meta) in (Whole, _AsIs) else
             read_list_example(base, meta) for meta in metas]
     return None, examples, [m.example for m in metas if type(m) is Whole]
+
+
+def _as_arrays(example, layout):
+    """``example`` with each field as ``numpy.asarray`` makes it, as a row
+    of the stacked layout reads back (when it has the layout's structure)."""
+    if layout.structure == 'tuple' and type(example) is tuple:
+        return tuple(numpy.asarray(value) for value in example)
+    if layout.structure == 'dict' and type(example) is dict:
+        return {key: numpy.asarray(value) for key, value in example.items()}
+    if layout.structure == 'single':
+        return numpy.asarray(example)
+    return example

@@ -35,6 +35,7 @@ class Receiver:
         self._stop = threading.Event()
         self._wanted = threading.Event()
         self._wanted.set()
+        self._check = True      # replenish workers at the next look
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -56,7 +57,9 @@ class Receiver:
             pass       # full (a wake-up waits already) or closed
 
     def want(self):
-        """Stop resting and look now."""
+        """Stop resting, look now, and start workers if too few take
+        tasks."""
+        self._check = True
         self._wanted.set()
         self.wake()
 
@@ -118,10 +121,11 @@ class Receiver:
                             what.outbox.flush()
                         if events & selectors.EVENT_READ:
                             self._read(what)
-                with pool.lock:
-                    for launched in pool.launcher.exits(exited):
-                        pool.on_exit(launched)
-                    if pool.book.unassigned or pool.book.short_of_workers():
+                if exited or self._check:
+                    self._check = False
+                    with pool.lock:
+                        for launched in pool.launcher.exits(exited):
+                            pool.on_exit(launched)
                         pool.replenish()
         except BaseException as e:   # a bug here must not hang next()
             if not pool.closed:

@@ -144,6 +144,25 @@ class SlotPool:
                 self.replaced.append(old)
         return new
 
+    def retire_leased(self):
+        """The process has forked: the child sees every slot that arrays of
+        the parent view, and may read them for as long as it lives.  Those
+        slots are never written again; new memory takes their place."""
+        buffers = self.buffers
+        if buffers is None:
+            return
+        retired = []
+        for slot in buffers.slots:
+            if slot.shared is not None and slot.exporter is not None and \
+                    slot.exporter() is not None:
+                retired.append(slot.shared)
+                slot.shared = slot.exporter = slot.owner = None
+        if retired:
+            self.replaced.append(Buffers(-1, buffers.layout, 0))
+            self.replaced[-1].slots = [Slot(-1) for _ in retired]
+            for slot, shared in zip(self.replaced[-1].slots, retired):
+                slot.shared = shared
+
     @staticmethod
     def exporter(batch):
         """The object every array of the batch's hand-out views."""

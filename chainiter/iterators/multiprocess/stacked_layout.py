@@ -35,7 +35,7 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
                 'biufc':
             return None
         capacity = array.shape[1:]
-        pad = padding[key] if isinstance(padding, (tuple, dict)) else padding
+        pad = padding_of(padding, key)
         if pad is not None and capacities is not None and key in capacities:
             capacity = tuple(max(a, b)
                              for a, b in zip(capacity, capacities[key]))
@@ -84,11 +84,19 @@ def widen(layout, batch, batch_size, example_bytes):
     return stacked_layout(batch, batch_size, layout.padding, capacities)
 
 
-def _field_padding(layout, key):
-    padding = layout.padding
-    if isinstance(padding, (tuple, dict)):
+def padding_of(padding, key):
+    """The padding of field ``key``, as ``concat_examples`` reads
+    ``padding``: a value for every field, a tuple with one per field, or a
+    dict naming some keys (the others unpadded)."""
+    if isinstance(padding, dict):
+        return padding.get(key)
+    if isinstance(padding, tuple):
         return padding[key]
     return padding
+
+
+def _field_padding(layout, key):
+    return padding_of(layout.padding, key)
 
 
 def row_bytes(layout):

@@ -26,26 +26,29 @@ from chainiter import _context
 from chainiter.iterators.multiprocess import remote, sinks, wire
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
-_PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
+PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
 
 
-def watch_parent(parent_pid, by_main_thread):
-    """Exit when the parent dies, even while ``dataset[i]`` is stuck."""
+def watch_parent(parent_pid, by_main_thread, thread=True):
+    """Exit when the parent dies, even while ``dataset[i]`` is stuck.
+    Without ``thread`` the caller polls ``alive(parent_pid)`` itself."""
     # The kernel's parent-death signal fires when the THREAD that started
     # the worker ends: use it only for workers the main thread started.
     if by_main_thread and os.getppid() == parent_pid and \
             sys.platform.startswith('linux'):
         _set_parent_death_signal()   # the kernel kills us at once
+    if not thread:
+        return
     # Under forkserver the parent is the server, so also check by pid.
     def watch():
-        while _alive(parent_pid):
-            time.sleep(_PARENT_CHECK_S)
+        while alive(parent_pid):
+            time.sleep(PARENT_CHECK_S)
         os._exit(1)
     threading.Thread(target=watch, name='chainiter-parent-watch',
                      daemon=True).start()
 
 
-def _alive(pid):
+def alive(pid):
     """False once ``pid`` has exited (a zombie counts as exited)."""
     try:
         with open('/proc/{}/stat'.format(pid), 'rb') as f:
