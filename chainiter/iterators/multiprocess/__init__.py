@@ -28,6 +28,7 @@ One file, one idea:
 - ``receiver.py``: the only thread that reads from the workers.
 - ``worker_handle.py``: the pool's handle on one worker (its outbox, the
   slots it has been sent).
+- ``forks.py``: what a fork of the main process means for the pools.
 - ``outbox.py``: sends that never block; ``wire.py``: the messages and
   their framing; ``remote.py``: a worker's exception, raised again here.
 - ``launch.py``: starting workers (under fork: from a launcher process that

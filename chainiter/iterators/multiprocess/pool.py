@@ -14,7 +14,6 @@ import os
 import queue
 import threading
 import warnings
-import weakref
 
 from chainiter.errors import (
     ChainiterError,
@@ -23,7 +22,7 @@ from chainiter.errors import (
     TimeoutWarning,
     WorkerRestartWarning,
 )
-from chainiter.iterators.multiprocess import receiver
+from chainiter.iterators.multiprocess import forks, receiver
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
@@ -33,40 +32,6 @@ from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
 _CLOSED = object()
-
-# Every pool of this process, so that a forked child can let go of them.
-_POOLS = weakref.WeakSet()
-
-
-def _forget_workers_in_child():
-    """After os.fork(): the workers are the parent's.  Take them off
-    multiprocessing's list of this process's children, or its exit handler
-    would terminate (daemonic) or try to join them in the child."""
-    import multiprocessing.process
-    children = getattr(multiprocessing.process, '_children', None)
-    if children is None:
-        return
-    for pool in list(_POOLS):
-        for process in pool.launcher.processes():
-            children.discard(process)
-
-
-def _retire_leased_slots():
-    """After a fork, in the parent: arrays handed out are now the child's
-    too; their slots are never reused (the child reads what it got)."""
-    for pool in list(_POOLS):
-        if pool.owner == os.getpid() and not pool.closed and \
-                pool.lock.acquire(timeout=10):
-            try:
-                pool.slots.retire_leased()
-            finally:
-                pool.lock.release()
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_forget_workers_in_child,
-                        after_in_parent=_retire_leased_slots)
-
 
 class Pool:
     """It holds no reference to the iterator, so that garbage collection of
@@ -90,6 +55,7 @@ class Pool:
         self._touched = None
         self._n_workers = n_workers
         self._next_worker_id = 0
+        self._start_failures = 0
         args = (dataset, seed, n_workers, worker_init_fn, max_tasks)
         if ctx.get_start_method() == 'fork':
             # Forked now, while this pool has no thread of its own.
@@ -97,7 +63,7 @@ class Pool:
         else:
             self.launcher = ProcessLauncher(
                 ctx, (PickledDataset(dataset),) + args[1:])
-        _POOLS.add(self)
+        forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:
             for _ in range(n_workers):
@@ -122,8 +88,28 @@ class Pool:
         waited for one (receiver thread, under the lock)."""
         if self.book.failure is not None or self.closed:
             return
-        while self.book.short_of_workers():
-            self.start_worker()
+        try:
+            while self.book.short_of_workers():
+                self.start_worker()
+        except OSError as e:
+            # Out of descriptors or processes: try again at the next look;
+            # give up only when no worker is left to load anything.
+            self._start_failures += 1
+            if self.book.accepting() and self._start_failures < 100:
+                if self._start_failures == 1:
+                    self.events.append((WorkerRestartWarning, (
+                        'a worker process could not be started ({}); the '
+                        'others go on, and it is tried again'.format(e))))
+            elif not self.book.accepting() and self._start_failures >= 10:
+                self._put_ready(self.book.fail_all(
+                    'no worker process could be started: {}. Raise the '
+                    'limit (ulimit -n for descriptors, ulimit -u for '
+                    'processes) or lower n_processes or n_prefetch'.format(
+                        e), e))
+                return
+            self.receiver.retry_later()
+        else:
+            self._start_failures = 0
         for task in self.book.take_unassigned():
             self._send_task(task)
 

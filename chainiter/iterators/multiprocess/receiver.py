@@ -63,6 +63,10 @@ class Receiver:
         self._wanted.set()
         self.wake()
 
+    def retry_later(self):
+        """Look again at the next wake-up (within POLL_S)."""
+        self._check = True
+
     def consumed(self):
         """The consumer took a batch: stop resting when few are left."""
         if not self._wanted.is_set() and \

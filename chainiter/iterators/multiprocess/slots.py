@@ -18,6 +18,7 @@ what it allocates to the workers.
 import contextlib
 import ctypes
 import errno
+import os
 import signal
 import threading
 import weakref
@@ -48,6 +49,27 @@ def _uninterrupted():
         yield
     finally:       # also when the interrupt came just before the block
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+# Descriptors a new slot must leave free (a slot holds two; replacing a
+# worker takes a few).
+_SPARE_DESCRIPTORS = 32
+
+
+def _check_descriptors():
+    """OSError(EMFILE) when one more slot would leave fewer than
+    _SPARE_DESCRIPTORS of ``ulimit -n``."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return
+        left = soft - len(os.listdir('/proc/self/fd'))
+    except (ImportError, OSError):
+        return
+    if left < _SPARE_DESCRIPTORS + 2:
+        raise OSError(errno.EMFILE, 'only {} file descriptors are left '
+                      '(ulimit -n is {})'.format(left, soft))
 
 
 class Slot:
@@ -118,6 +140,7 @@ class SlotPool:
         for slot in slots:
             if slot.shared is None:
                 try:
+                    _check_descriptors()
                     with _uninterrupted():
                         slot.shared = SharedBuffer.allocate(
                             buffers.layout.slot_bytes)
