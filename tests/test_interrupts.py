@@ -11,6 +11,7 @@ them tasks or shared memory, while it hands the batch out.
 
 import functools
 import gc
+import os
 import random
 import signal
 import threading
@@ -34,8 +35,15 @@ MAX_BATCHES = 100000
 
 
 def _inside_next(frame, iterator):
+    """Inside ``iterator.__next__``, and not in a finalizer that garbage
+    collection runs there (Python reports an exception raised in one as
+    ignored, whoever's it is)."""
     while frame is not None:
-        if frame.f_code.co_name == '__next__' and \
+        code = frame.f_code
+        if code.co_name == '__call__' and code.co_filename.endswith(
+                ('weakref.py', os.path.join('multiprocessing', 'util.py'))):
+            return False
+        if code.co_name == '__next__' and \
                 frame.f_locals.get('self') is iterator:
             return True
         frame = frame.f_back

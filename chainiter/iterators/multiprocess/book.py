@@ -199,8 +199,10 @@ class Book:
             return Exit([], [], False)
         current = [task for task in lost if task.generation == self.generation
                    and task.seq in self.inflight]
-        if not current and held.retired:
-            return Exit([], [], False)    # nothing it had is still wanted
+        if held.retired and (not current or exitcode == 0):
+            # Retired, it finished what it read and left: its tasks that
+            # are still wanted go to others, and nobody died.
+            return Exit(current, [], False)
         ready = []
         if current:
             # Only the batch it was loading (the oldest task it had)

@@ -72,6 +72,12 @@ class Outbox:
         with self._lock:
             return self._flush()
 
+    def is_torn(self):
+        """Whether an exception cut a write short (under the lock, so a
+        write in progress in another thread does not count)."""
+        with self._lock:
+            return self.torn
+
     @property
     def pending(self):
         return bool(self._items) and not self.dead

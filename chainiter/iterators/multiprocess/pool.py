@@ -117,16 +117,23 @@ class Pool:
         self.book.retire(worker.key)
         worker.outbox.shut()
 
-    def _send_task(self, task):
+    def _send_task(self, task, main_thread=False):
         # Recorded before it is sent: a task that may have been sent is
         # one whose slot is busy.
         key = self.book.assign(task)
         if self.book.short:
             self.receiver.want()   # it starts workers
-        if key is not None:
-            self._touched = worker = self.workers[key]
-            worker.send_task(task, self.slots.buffers)
-            self._touched = None
+        if key is None:
+            return
+        worker = self.workers[key]
+        if main_thread:            # only there may an interrupt land
+            self._touched = worker
+        worker.send_task(task, self.slots.buffers)
+        self._touched = None
+        if worker.outbox.dead:
+            # It died (its exit will give its tasks to others), or a write
+            # to it was cut short: it must take no more tasks.
+            self._retire(worker)
 
     def _flushed(self):
         """Wake the receiver thread when a message waits in an outbox."""
@@ -149,7 +156,7 @@ class Pool:
             if book.failure is not None:
                 self._put_ready(book.ready_failed(batch))
             for task in tasks:
-                self._send_task(task)
+                self._send_task(task, main_thread=True)
             self._flushed()
         return batch.generation, batch.seq
 
@@ -229,6 +236,9 @@ class Pool:
                 # what it has, then exits; a new one takes over.
                 self._retire(self._touched)
                 self._touched = None
+            for worker in self.workers.values():
+                if worker.outbox.is_torn():
+                    self._retire(worker)
             self.book.new_generation()
         self.receiver.want()
 
@@ -278,12 +288,13 @@ class Pool:
         died_with = '(pid {}) died with {}'.format(launched.pid, how)
         self.receiver.want()         # a new worker may be needed
         outcome = self.book.worker_exited(launched.key, code, died_with)
-        if self.closed or not outcome.unexpected:
+        if self.closed:
             return
-        self.events.append((WorkerRestartWarning, (
-            'worker process {} {}; a new worker takes over and {} '
-            'unfinished chunk(s) are loaded again'.format(
-                worker.id, died_with, len(outcome.lost)))))
+        if outcome.unexpected:
+            self.events.append((WorkerRestartWarning, (
+                'worker process {} {}; a new worker takes over and {} '
+                'unfinished chunk(s) are loaded again'.format(
+                    worker.id, died_with, len(outcome.lost)))))
         self._put_ready(outcome.ready)
         if not self.launcher.alive:
             self._put_ready(self.book.fail_all(

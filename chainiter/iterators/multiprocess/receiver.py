@@ -36,6 +36,8 @@ class Receiver:
         self._wanted = threading.Event()
         self._wanted.set()
         self._check = True      # replenish workers at the next look
+        self._dirty = True      # bring the selector up to date
+        self._writing = False   # some socket is watched for room to write
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -51,6 +53,7 @@ class Receiver:
         return self._thread.is_alive()
 
     def wake(self):
+        self._dirty = True      # the workers or their outboxes changed
         try:
             os.write(self._wake_w, b'w')
         except OSError:
@@ -148,7 +151,11 @@ class Receiver:
             pass
 
     def _watch(self, selector, watched):
-        """Bring the selector up to date with the workers and launcher."""
+        """Bring the selector up to date with the workers and launcher
+        (only when they changed: it runs once per wake-up)."""
+        if not self._dirty and not self._writing:
+            return
+        self._dirty = False
         pool = self._pool
         wanted = {obj: (selectors.EVENT_READ, 'launcher')
                   for obj in pool.launcher.watched()}
@@ -170,6 +177,8 @@ class Receiver:
             elif watched[obj] != events:
                 selector.modify(obj, events, data)
             watched[obj] = events
+        self._writing = any(events & selectors.EVENT_WRITE
+                            for events in watched.values())
 
     def _read(self, worker):
         """Read the results waiting in the worker's socket."""
@@ -177,6 +186,7 @@ class Receiver:
             messages = receive_results(worker.conn)
         except (EOFError, OSError):
             worker.at_eof = True   # it has exited; the launcher tells
+            self._dirty = True
             return
         with self._pool.lock:
             self._deliver(worker, messages)
