@@ -157,12 +157,13 @@ def test_deaths_count_against_the_batch_being_loaded(method, tmp_path):
     # Three deaths, each while loading another batch, with deep prefetch:
     # every batch in flight was queued to the dying worker, but none of
     # them killed three workers, so none fails.
-    dataset = helpers.KillsOnceEach(16, [2, 6, 10], str(tmp_path))
+    # (Counted against every batch queued, batch 3 would have three.)
+    dataset = helpers.KillsOnceEach(24, [6, 10, 14], str(tmp_path))
     with MultiprocessIterator(dataset, 4, n_processes=1, n_prefetch=4,
                               shuffle=False, start_method=method) as it:
         with pytest.warns(chainiter.WorkerRestartWarning):
-            got = [[int(x[0]) for x in next(it)] for _ in range(4)]
-    assert got == [list(range(4 * k, 4 * k + 4)) for k in range(4)]
+            got = [[int(x[0]) for x in next(it)] for _ in range(6)]
+    assert got == [list(range(4 * k, 4 * k + 4)) for k in range(6)]
 
 
 def test_batch_that_keeps_killing_workers_raises(method):
@@ -402,3 +403,74 @@ def test_descriptors_run_out_under_deep_prefetch(method, tmp_path):
     warned = [line for line in child.stdout.splitlines()
               if line.startswith('WARNING SharedMemoryWarning')]
     assert any('n_prefetch=60' in line for line in warned), child.stdout
+
+
+AS_SCRIPT = '''
+import resource, sys, warnings
+sys.path.insert(0, {tests!r})
+import chainiter, helpers
+
+
+def vm_size():
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith('VmSize:'):
+                return int(line.split()[1]) * 1024
+
+
+def main():
+    # Address space for the batches that come by copy, not for the 62
+    # slots of 2 MiB that n_prefetch=60 may use: mapping one fails with
+    # ENOMEM, and the batches come by copy.
+    dataset = helpers.Megabyte()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 2, n_processes=2, n_prefetch=60, shuffle=False,
+                start_method={method!r}) as it, \\
+                chainiter.SerialIterator(dataset, 2, shuffle=False) as ref:
+            # The workers have started: the limit is the main process's.
+            limit = vm_size() + 96 * 2 ** 20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            for _ in range(80):
+                assert all((a == b).all() for a, b in zip(next(it),
+                                                          next(ref)))
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_address_space_runs_out_under_deep_prefetch(method, tmp_path):
+    script = tmp_path / 'as.py'
+    script.write_text(AS_SCRIPT.format(tests=TESTS_DIR, method=method))
+    child = subprocess.run([sys.executable, str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True, timeout=90)
+    assert child.returncode == 0, child.stderr
+    assert 'OK' in child.stdout
+    warned = [line for line in child.stdout.splitlines()
+              if line.startswith('WARNING SharedMemoryWarning')]
+    assert any('n_prefetch=60' in line and 'address space' in line
+               for line in warned), child.stdout
+
+
+def test_a_warning_raised_as_an_error_loses_no_batch(method):
+    # The suite turns warnings into errors, as users' -W error does: the
+    # SharedMemoryWarning of an oversize example is raised from next(),
+    # and the next call returns that batch.
+    dataset = helpers.Big(16, sizes=[10] * 4 + [5000] * 12)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref:
+        got = [fingerprint(next(it))]
+        with pytest.raises(chainiter.SharedMemoryWarning):
+            next(it)
+        got += [fingerprint(next(it)) for _ in range(7)]
+        expected = [fingerprint(next(ref)) for _ in range(8)]
+    assert got == expected
+

@@ -51,25 +51,41 @@ def _uninterrupted():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-# Descriptors a new slot must leave free (a slot holds two; replacing a
-# worker takes a few).
+# What a new slot must leave free of ``ulimit -n`` (a slot holds two
+# descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
+# the batches that then come by copy, and everything else).
 _SPARE_DESCRIPTORS = 32
+_SPARE_ADDRESS_SPACE = 64 * 2 ** 20
 
 
-def _check_descriptors():
-    """OSError(EMFILE) when one more slot would leave fewer than
-    _SPARE_DESCRIPTORS of ``ulimit -n``."""
+def _check_room(size):
+    """OSError(EMFILE) or MemoryError when one more slot of ``size`` bytes
+    would leave less than the spares of the process's limits."""
     try:
         import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY:
-            return
-        left = soft - len(os.listdir('/proc/self/fd'))
-    except (ImportError, OSError):
+    except ImportError:
         return
-    if left < _SPARE_DESCRIPTORS + 2:
-        raise OSError(errno.EMFILE, 'only {} file descriptors are left '
-                      '(ulimit -n is {})'.format(left, soft))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            left = soft - len(os.listdir('/proc/self/fd'))
+        except OSError:
+            left = soft
+        if left < _SPARE_DESCRIPTORS + 2:
+            raise OSError(errno.EMFILE, 'only {} file descriptors are left '
+                          '(ulimit -n is {})'.format(left, soft))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open('/proc/self/status') as f:
+                used = next(int(line.split()[1]) * 1024 for line in f
+                            if line.startswith('VmSize:'))
+        except (OSError, StopIteration, ValueError):
+            return
+        if soft - used < size + _SPARE_ADDRESS_SPACE:
+            raise MemoryError(
+                'only {} MiB of address space are left (ulimit -v / '
+                'RLIMIT_AS)'.format((soft - used) // 2 ** 20))
 
 
 class Slot:
@@ -140,7 +156,7 @@ class SlotPool:
         for slot in slots:
             if slot.shared is None:
                 try:
-                    _check_descriptors()
+                    _check_room(buffers.layout.slot_bytes)
                     with _uninterrupted():
                         slot.shared = SharedBuffer.allocate(
                             buffers.layout.slot_bytes)
