@@ -40,11 +40,10 @@ def _inside_next(frame, iterator):
     ignored, whoever's it is)."""
     while frame is not None:
         code = frame.f_code
-        if code.co_name == '__del__' or code.co_filename.endswith(
-                'unraisableexception.py') or (
-                code.co_name == '__call__' and code.co_filename.endswith(
-                    ('weakref.py',
-                     os.path.join('multiprocessing', 'util.py')))):
+        if code.co_name == '__del__' or code.co_filename.endswith((
+                'unraisableexception.py', 'weakref.py', '_weakrefset.py')) \
+                or (code.co_name == '__call__' and code.co_filename.endswith(
+                    os.path.join('multiprocessing', 'util.py'))):
             return False
         if code.co_name == '__next__' and \
                 frame.f_locals.get('self') is iterator:
