@@ -10,6 +10,7 @@ outbox or a task waits for a worker.
 
 import os
 import pickle
+import select
 import selectors
 import signal
 import threading
@@ -33,8 +34,11 @@ class Receiver:
         # outlives its thread (close() stops it).
         self._pool = pool
         self._stop = threading.Event()
-        self._wanted = threading.Event()
-        self._wanted.set()
+        # A plain flag and the wake-up pipe, not a threading.Event: the
+        # main thread, where a KeyboardInterrupt may land, must never take
+        # a lock written in Python (an interrupt between acquiring and the
+        # with block leaves it held, and this thread waits forever).
+        self._wanted = True
         self._check = True      # replenish workers at the next look
         self._dirty = True      # bring the selector up to date
         self._writing = False   # some socket is watched for room to write
@@ -63,7 +67,7 @@ class Receiver:
         """Stop resting, look now, and start workers if too few take
         tasks."""
         self._check = True
-        self._wanted.set()
+        self._wanted = True
         self.wake()
 
     def retry_later(self):
@@ -72,9 +76,9 @@ class Receiver:
 
     def consumed(self):
         """The consumer took a batch: stop resting when few are left."""
-        if not self._wanted.is_set() and \
-                self._pool.ready.qsize() < _READY_LOW:
-            self._wanted.set()
+        if not self._wanted and self._pool.ready.qsize() < _READY_LOW:
+            self._wanted = True
+            self.wake()
 
     def stop(self):
         self._stop.set()
@@ -105,12 +109,14 @@ class Receiver:
         try:
             while not self._stop.is_set():
                 if self._may_rest():
-                    # want() sets the event: clear, then look again, so
-                    # that no wake-up is lost.  Every POLL_S it looks at
-                    # the sockets all the same, so that a death is noticed
-                    # within seconds.
-                    self._wanted.clear()
-                    if self._may_rest() and self._wanted.wait(POLL_S):
+                    # want() sets the flag and writes to the pipe: clear,
+                    # then look again, so that no wake-up is lost.  Every
+                    # POLL_S it looks at the sockets all the same, so that
+                    # a death is noticed within seconds.
+                    self._wanted = False
+                    if self._may_rest() and select.select(
+                            [self._wake_r], [], [], POLL_S)[0]:
+                        self._drain_wake_ups()
                         continue
                 self._watch(selector, watched)
                 ready = selector.select(POLL_S)
