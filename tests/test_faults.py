@@ -25,6 +25,19 @@ from helpers import (
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def run_script(tmp_path, template, timeout=90, **fields):
+    """Run ``template`` (formatted with ``tests`` and ``fields``) in a child
+    Python; its result, after checking that it printed OK and exited 0."""
+    script = tmp_path / 'child.py'
+    script.write_text(template.format(tests=TESTS_DIR, **fields))
+    child = subprocess.run([sys.executable, str(script)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True, timeout=timeout)
+    assert child.returncode == 0, child.stderr
+    assert 'OK' in child.stdout
+    return child
+
+
 def run_two_epochs(dataset, method, **kwargs):
     """Both epochs from a MultiprocessIterator and from SerialIterator."""
     with MultiprocessIterator(dataset, 4, n_processes=2, seed=3,
@@ -138,17 +151,11 @@ def test_death_with_large_tasks_and_results(method, tmp_path):
     # In a child with a deadline: with sends that can block (the receiver
     # thread writing the replacement's tasks while that worker waits for it
     # to read a result) it hangs, and the deadline makes that a failure.
-    script = tmp_path / 'large.py'
-    script.write_text(LARGE_SCRIPT.format(
-        tests=TESTS_DIR, method=method, once=str(tmp_path / 'happened')))
     try:
-        child = subprocess.run([sys.executable, str(script)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               universal_newlines=True, timeout=60)
+        child = run_script(tmp_path, LARGE_SCRIPT, timeout=60, method=method,
+                           once=str(tmp_path / 'happened'))
     except subprocess.TimeoutExpired:
         pytest.fail('a worker death with large tasks hung the iterator')
-    assert child.returncode == 0, child.stderr
-    assert 'OK' in child.stdout
     assert 'WorkerRestartWarning' in child.stdout and 'signal 9' in \
         child.stdout
 
@@ -393,13 +400,7 @@ if __name__ == '__main__':
 
 
 def test_descriptors_run_out_under_deep_prefetch(method, tmp_path):
-    script = tmp_path / 'fds.py'
-    script.write_text(FDS_SCRIPT.format(tests=TESTS_DIR, method=method))
-    child = subprocess.run([sys.executable, str(script)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=90)
-    assert child.returncode == 0, child.stderr
-    assert 'OK' in child.stdout
+    child = run_script(tmp_path, FDS_SCRIPT, method=method)
     warned = [line for line in child.stdout.splitlines()
               if line.startswith('WARNING SharedMemoryWarning')]
     assert any('n_prefetch=60' in line for line in warned), child.stdout
@@ -446,13 +447,7 @@ if __name__ == '__main__':
 
 
 def test_address_space_runs_out_under_deep_prefetch(method, tmp_path):
-    script = tmp_path / 'as.py'
-    script.write_text(AS_SCRIPT.format(tests=TESTS_DIR, method=method))
-    child = subprocess.run([sys.executable, str(script)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=90)
-    assert child.returncode == 0, child.stderr
-    assert 'OK' in child.stdout
+    child = run_script(tmp_path, AS_SCRIPT, method=method)
     warned = [line for line in child.stdout.splitlines()
               if line.startswith('WARNING SharedMemoryWarning')]
     assert any('n_prefetch=60' in line and 'address space' in line
