@@ -2,6 +2,10 @@
 GPU are present (marked ``gpu``; run with ``python -m pytest -m gpu``)."""
 
 
+import subprocess
+import sys
+import textwrap
+
 import numpy
 import pytest
 
@@ -16,6 +20,7 @@ from chainiter import (
 )
 from chainiter.backends import cuda
 
+from fake_cupy import FakeCupy
 from helpers import (
     AugmentedDataset,
     Examples,
@@ -114,9 +119,11 @@ def test_async_converter_on_the_host_is_concat_examples():
 def test_gpu_device_without_cupy_says_how_to_fix():
     if cuda.is_available():
         pytest.skip('a GPU is present')
-    with pytest.raises(RuntimeError, match=r'chainiter\[cuda\]|no CUDA GPU'):
+    with pytest.raises(RuntimeError,
+                       match=r'chainiter\[cuda\]|no usable CUDA GPU'):
         ConcatWithAsyncTransfer()([numpy.arange(3)], 0)
-    with pytest.raises(RuntimeError, match=r'chainiter\[cuda\]|no CUDA GPU'):
+    with pytest.raises(RuntimeError,
+                       match=r'chainiter\[cuda\]|no usable CUDA GPU'):
         DevicePrefetcher(SerialIterator([1, 2], 1), device='@cupy:0')
 
 
@@ -135,6 +142,166 @@ def test_shared_region_finds_the_buffer_of_a_stacked_batch(method):
 def test_bad_depth():
     with pytest.raises(ValueError, match='depth'):
         DevicePrefetcher(SerialIterator([1], 1), depth=-1)
+
+
+# ---- with a stand-in for cupy (tests/fake_cupy.py) ------------------------
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A GPU whose copies from page-locked memory run only when their
+    stream is synchronised (so reusing their source too early shows)."""
+    gpu = FakeCupy()
+    monkeypatch.setitem(sys.modules, 'cupy', gpu)
+    return gpu
+
+
+def on_host(x):
+    if isinstance(x, tuple):
+        return tuple(on_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: on_host(v) for k, v in x.items()}
+    return x.get() if hasattr(x, 'get') else x
+
+
+def float_batches(n, batch=6, seed=0):
+    rng = numpy.random.default_rng(seed)
+    return [[(rng.random(6, dtype=numpy.float32), numpy.int64(i * batch + j))
+             for j in range(batch)] for i in range(n)]
+
+
+def test_fields_of_one_batch_do_not_share_a_staging_buffer(fake):
+    """x's copy is still queued when t is staged: t must not overwrite
+    x's page-locked source."""
+    converter = ConcatWithAsyncTransfer()
+    batch = float_batches(1)[0]
+    out = converter(batch, 0)
+    assert same(on_host(out), concat_examples(batch))
+
+
+def test_many_batches_without_synchronising_keep_every_value(fake):
+    converter = ConcatWithAsyncTransfer()
+    batches = float_batches(60)
+    outs = [converter(b, 0) for b in batches]
+    for out, b in zip(outs, batches):
+        assert same(on_host(out), concat_examples(b))
+
+
+def test_staging_memory_stays_bounded(fake):
+    """Copies that have not run yet hold their staging buffer; beyond a
+    few, the transfer waits for the oldest rather than allocating more."""
+    converter = ConcatWithAsyncTransfer()
+    batches = float_batches(200)
+    for b in batches:
+        converter(b, 0)
+    assert 1 <= len(fake.pinned) <= 4
+    assert set(fake.copies) == {'allocated'}
+
+
+@pytest.mark.parametrize('kind', [SerialIterator, MultithreadIterator])
+def test_prefetcher_over_host_iterators_keeps_every_value(fake, kind):
+    dataset = Examples(50, 'tuple')
+    kwargs = {'n_threads': 2} if kind is MultithreadIterator else {}
+    with DevicePrefetcher(kind(dataset, 4, seed=7, **kwargs), 0,
+                          depth=3) as it, \
+            SerialIterator(dataset, 4, seed=7) as ref:
+        outs = [next(it) for _ in range(30)]
+        for out in outs:
+            assert same(on_host(out), concat_examples(next(ref)))
+
+
+def test_prefetcher_copies_straight_from_shared_memory(fake, method):
+    """Stacked batches of a MultiprocessIterator are page-locked where they
+    lie and copied from there; finalize() releases every registration."""
+    dataset = Examples(60, 'tuple')
+    with DevicePrefetcher(MultiprocessIterator(
+            dataset, 4, n_processes=2, seed=3, converter=concat_examples,
+            start_method=method), 0, depth=2) as it, \
+            SerialIterator(dataset, 4, seed=3) as ref:
+        for _ in range(20):
+            # get() synchronises, as a training step's loss.item() would:
+            # the batches handed out before are then retired, and their
+            # shared memory is free for the workers again.
+            assert same(on_host(next(it)), concat_examples(next(ref)))
+        assert fake.registrations and fake.registered
+        # After the first batch (which measures the layout and comes
+        # through the socket), every field is copied from registered shared
+        # memory, not through staging.
+        assert fake.copies[3:] == ['registered'] * (len(fake.copies) - 3)
+        assert it.copies == {'direct': len(fake.copies) - 3, 'staged': 3}
+    assert fake.registered == {}
+
+
+def test_successive_iterators_register_their_own_memory(fake, method):
+    """Each iterator's shared memory is registered while it lives and
+    unregistered before it is unmapped: a later iterator whose buffers land
+    at the same addresses never meets a stale registration."""
+    dataset = Examples(40, 'tuple')
+    for round in range(3):
+        before = len(fake.registrations)
+        with DevicePrefetcher(MultiprocessIterator(
+                dataset, 4, n_processes=1, seed=round,
+                converter=concat_examples, start_method=method), 0,
+                depth=1) as it, \
+                SerialIterator(dataset, 4, seed=round) as ref:
+            for _ in range(6):
+                assert same(on_host(next(it)), concat_examples(next(ref)))
+        assert len(fake.registrations) > before
+        assert fake.registered == {}
+
+
+def test_refused_registration_falls_back_to_staging(fake):
+    fake.refuse_registration = True
+    dataset = Examples(40, 'tuple')
+    with pytest.warns(chainiter.SharedMemoryWarning, match='page-lock'):
+        with DevicePrefetcher(MultiprocessIterator(
+                dataset, 4, n_processes=1, seed=1, converter=concat_examples,
+                start_method='fork'), 0, depth=2) as it, \
+                SerialIterator(dataset, 4, seed=1) as ref:
+            outs = [next(it) for _ in range(8)]
+            for out in outs:
+                assert same(on_host(out), concat_examples(next(ref)))
+    assert fake.registered == {}
+
+
+def test_a_bad_gpu_id_says_which_exist(fake):
+    for call in (lambda: concat_examples([numpy.zeros(2)], device=3),
+                 lambda: chainiter.to_device('@cupy:1', numpy.zeros(2)),
+                 lambda: DevicePrefetcher(SerialIterator([1], 1), 2)):
+        with pytest.raises(ValueError, match=r'GPU \d .*1 GPU.*0'):
+            call()
+
+
+def test_without_a_usable_gpu_the_error_says_how_to_fix(fake):
+    fake.n_gpus = 0
+    with pytest.raises(RuntimeError, match='no usable CUDA GPU.*device=None'):
+        ConcatWithAsyncTransfer()([numpy.arange(3)], 0)
+
+
+def test_gpu_arrays_are_recognised_in_a_fresh_process():
+    """The user imported cupy; chainiter has not touched it yet."""
+    script = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, {tests!r})
+        from fake_cupy import FakeCupy
+        sys.modules['cupy'] = cupy = FakeCupy()
+        import numpy
+        import chainiter
+        g = cupy.asarray(numpy.arange(3.0))
+        assert chainiter.to_device(None, g) is g     # as Chainer
+        back = chainiter.to_device('@numpy', g)
+        assert type(back) is numpy.ndarray, type(back)
+        nested = chainiter.to_device(-1, {{'a': [g]}})
+        assert type(nested['a'][0]) is numpy.ndarray
+        assert nested['a'][0].tolist() == [0, 1, 2]
+        both = chainiter.concat_examples([g, g])
+        assert isinstance(both, cupy.ndarray), type(both)
+        assert both.get().tolist() == [[0, 1, 2], [0, 1, 2]]
+        print('ok')
+    ''').format(tests=str(__import__('pathlib').Path(__file__).parent))
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and 'ok' in done.stdout, done.stderr
 
 
 # ---- on a real GPU --------------------------------------------------------

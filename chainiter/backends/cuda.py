@@ -1,32 +1,40 @@
-"""The only module that imports cupy.
+"""The only module that touches cupy.
 
-cupy is optional (the ``cuda`` extra).  It is imported the first time GPU
-code runs; ``available`` tells whether that worked and ``check_available``
-raises the saved import error with the fix.
+cupy is optional (the ``cuda`` extra).  The cupy a user imported is used as
+it is (``sys.modules``), so GPU arrays are recognised before chainiter ever
+asked for cupy; otherwise it is imported the first time GPU code runs.
+``is_available()`` tells whether a GPU can be used, and
+``check_available(device)`` raises an error that says why not and how to
+fix it.
 """
+
+import sys
+import threading
 
 import numpy
 
-_cupy = None
 _import_error = None
 _tried = False
 
 
-def _import():
-    global _cupy, _import_error, _tried
-    if not _tried:
-        _tried = True
-        try:
-            import cupy
-            _cupy = cupy
-        except Exception as e:  # ImportError, or a broken CUDA install
-            _import_error = e
-    return _cupy
+def _module():
+    """The cupy module, or None when it cannot be imported."""
+    global _import_error, _tried
+    cupy = sys.modules.get('cupy')
+    if cupy is not None or _tried:
+        return cupy
+    _tried = True
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install
+        _import_error = e
+        return None
+    return cupy
 
 
 def is_available():
     """True when cupy imports and sees at least one GPU."""
-    cupy = _import()
+    cupy = _module()
     if cupy is None:
         return False
     try:
@@ -35,32 +43,41 @@ def is_available():
         return False
 
 
-def check_available(device):
-    """Return the cupy module, or raise an error that says why the GPU
-    ``device`` cannot be used and how to fix it."""
-    cupy = _import()
+def check_available(device_id):
+    """Return the cupy module, or raise an error that says why GPU
+    ``device_id`` (an int, or None for "any GPU") cannot be used and how to
+    fix it."""
+    cupy = _module()
     if cupy is None:
         raise RuntimeError(
-            'device {!r} is a GPU, but cupy cannot be imported ({}: {}). '
+            'GPU {} was asked for, but cupy cannot be imported ({}: {}). '
             'Install the cuda extra: pip install "chainiter[cuda]" (or the '
             'cupy wheel matching your CUDA, e.g. cupy-cuda12x), or pass '
             'device=None for the host'.format(
-                device, type(_import_error).__name__, _import_error))
+                device_id, type(_import_error).__name__, _import_error))
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
+    except Exception as e:    # no driver, or a driver too old for this cupy
         raise RuntimeError(
-            'device {!r} is a GPU, but CUDA finds no usable GPU ({}); pass '
-            'device=None for the host'.format(device, e)) from e
+            'GPU {} was asked for, but there is no usable CUDA GPU: {}: {}. '
+            'Check nvidia-smi and that the cupy wheel matches the driver, or '
+            'pass device=None for the host'.format(
+                device_id, type(e).__name__, e)) from e
     if count == 0:
         raise RuntimeError(
-            'device {!r} is a GPU, but this machine has no CUDA GPU; pass '
-            'device=None for the host'.format(device))
+            'GPU {} was asked for, but there is no usable CUDA GPU: CUDA '
+            'finds none on this machine; pass device=None for the '
+            'host'.format(device_id))
+    if device_id is not None and device_id >= count:
+        raise ValueError(
+            'GPU {} does not exist: this machine has {} GPU{} (ids 0 to {}). '
+            'Pass one of those, or None for the host'.format(
+                device_id, count, '' if count == 1 else 's', count - 1))
     return cupy
 
 
 def is_gpu_array(x):
-    cupy = _cupy
+    cupy = sys.modules.get('cupy')
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
@@ -72,7 +89,7 @@ def to_gpu(x, device_id):
 
 
 def to_cpu(x):
-    return _cupy.asnumpy(x)
+    return sys.modules['cupy'].asnumpy(x)
 
 
 # ---- asynchronous host-to-device transfer --------------------------------
@@ -83,35 +100,54 @@ def device(device_id):
 
 
 def new_stream():
-    return _cupy.cuda.Stream(non_blocking=True)
+    return _module().cuda.Stream(non_blocking=True)
 
 
 def current_stream():
-    return _cupy.cuda.get_current_stream()
+    return _module().cuda.get_current_stream()
 
 
 def alloc_pinned(nbytes):
     """A uint8 numpy array of ``nbytes`` in page-locked host memory."""
-    memory = _cupy.cuda.alloc_pinned_memory(nbytes)
+    memory = _module().cuda.alloc_pinned_memory(nbytes)
     return numpy.frombuffer(memory, dtype=numpy.uint8, count=nbytes)
 
 
+# Page-locked ranges of memory chainiter registered: address -> nbytes.
+# Registrations are process-wide (cudaHostRegisterPortable: every device).
 _registered = {}
+_registered_lock = threading.Lock()
+_PORTABLE = 1
 
 
 def register_host(address, nbytes):
-    """Page-lock ``nbytes`` of host memory at ``address`` (once), so that
-    copies from it to a GPU are direct DMA."""
-    if address in _registered:
-        return
-    _cupy.cuda.runtime.hostRegister(address, nbytes, 0)
-    _registered[address] = nbytes
+    """Page-lock ``nbytes`` of host memory at ``address``, so that copies
+    from it to a GPU are direct DMA.  The caller must ``unregister_host``
+    before that memory is unmapped.  Returns None, or the CUDA error when
+    the memory cannot be registered (then copy through a staging buffer)."""
+    with _registered_lock:
+        if _registered.get(address) == nbytes:
+            return None
+        try:
+            _module().cuda.runtime.hostRegister(address, nbytes, _PORTABLE)
+        except Exception as e:
+            return e
+        _registered[address] = nbytes
+        return None
+
+
+def unregister_host(address):
+    """Undo ``register_host``; the memory may be unmapped afterwards."""
+    with _registered_lock:
+        if _registered.pop(address, None) is not None:
+            _module().cuda.runtime.hostUnregister(address)
 
 
 def copy_to_device(host, stream):
     """A new device array holding the C-contiguous ``host`` array, copied
     on ``stream`` (asynchronously when ``host`` is page-locked)."""
+    cupy = _module()
     with stream:
-        out = _cupy.empty(host.shape, dtype=host.dtype)
+        out = cupy.empty(host.shape, dtype=host.dtype)
     out.set(host, stream=stream)
     return out

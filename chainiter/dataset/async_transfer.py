@@ -2,57 +2,188 @@
 
 ::
 
-    host batch ──► (shared memory of MultiprocessIterator: page-locked once,
-        │            copied from directly)
-        └──────► or a page-locked staging buffer (double buffered)
-                     │ copy on a side stream ──► device arrays
+    host batch ──► in MultiprocessIterator's shared memory: page-locked
+        │           (registered with CUDA) once, copied from directly
+        └──────► else packed into a page-locked staging buffer
+                     │ copies on a side stream ──► device arrays
                      └─ event "copied" ──► the compute stream waits on it when
                                            the batch is handed out
 
+A staging buffer holds one whole batch and is busy until its "copied" event
+completes; at most ``STAGING_BUFFERS`` exist, and when all are busy the next
+batch waits for the oldest copy, so page-locked memory stays bounded however
+far the host runs ahead.
+
+The host batch is kept until its copy has completed, so that a
+MultiprocessIterator does not refill that shared memory while it is read.
 A handed-out batch is retired at the next hand-out: an event recorded on the
 compute stream then marks the end of the compute that used it, and until
-that event completes the transfer keeps the device arrays (so their memory
-is not reused by the side stream) and the host arrays it copied from (so a
-MultiprocessIterator does not refill that shared memory, and a staging
-buffer is not overwritten) alive.
+that event completes the transfer keeps the device arrays alive (so their
+memory is not reused by the side stream).  Device
+arrays the user keeps beyond the next batch and still uses are the user's:
+cupy returns their memory to the side stream's pool when they are dropped.
 """
 
 import collections
-import ctypes
+import os
+import threading
+import warnings
 
 import numpy
 
 from chainiter.backends import cuda
 from chainiter.backends._device import parse_device
 from chainiter.dataset.convert import Converter, concat_examples
+from chainiter.errors import SharedMemoryWarning
+
+STAGING_BUFFERS = 4     # batches whose staged copy may be in flight at once
+_ALIGN = 256            # bytes; where each array starts in a staging buffer
 
 
-def _map_arrays(fn, tree):
+def _leaves(tree, found):
+    """Append the numpy arrays of ``tree`` to ``found``, in order."""
+    if isinstance(tree, (tuple, list)):
+        for x in tree:
+            _leaves(x, found)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _leaves(x, found)
+    elif isinstance(tree, numpy.ndarray):
+        found.append(tree)
+    return found
+
+
+def _replace_leaves(tree, new):
+    """``tree`` with its numpy arrays replaced by ``next(new)``, in order."""
     if isinstance(tree, tuple):
-        return tuple(_map_arrays(fn, x) for x in tree)
+        return tuple(_replace_leaves(x, new) for x in tree)
     if isinstance(tree, list):
-        return [_map_arrays(fn, x) for x in tree]
+        return [_replace_leaves(x, new) for x in tree]
     if isinstance(tree, dict):
-        return {k: _map_arrays(fn, v) for k, v in tree.items()}
+        return {k: _replace_leaves(v, new) for k, v in tree.items()}
     if isinstance(tree, numpy.ndarray):
-        return fn(tree)
+        return next(new)
     return tree
+
+
+def _shared_buffer(array):
+    # Imported here: chainiter.iterators imports this module.
+    from chainiter.iterators.multiprocess.shm import SharedBuffer
+    return SharedBuffer.of(array)
 
 
 def shared_region(array):
     """``(address, nbytes)`` of the whole shared-memory buffer ``array``
     views when it was handed out by a MultiprocessIterator, else None."""
-    base = array
-    while isinstance(base, numpy.ndarray):
-        base = base.base
-    if not isinstance(base, ctypes.Array):
-        return None
-    for owner in (getattr(base, '_objects', None) or {}).values():
-        mapped = getattr(owner, 'obj', None)     # memoryview of the mmap
-        if mapped is not None:
-            whole = (ctypes.c_char * len(mapped)).from_buffer(mapped)
-            return ctypes.addressof(whole), len(mapped)
-    return None
+    shared = _shared_buffer(array)
+    return None if shared is None else shared.region()
+
+
+# ---- page-locking MultiprocessIterator's shared memory -------------------
+#
+# A slot's buffer is registered with CUDA the first time a batch is copied
+# from it, and unregistered when the iterator releases the buffer, after
+# the streams that copied from it are synchronised: registrations never
+# outlive the mapping (a later mapping at the same address would otherwise
+# be copied through the stale one), and nothing stays page-locked after
+# finalize().
+
+_pins = {}          # SharedBuffer -> streams that copied from it, or None
+_pins_lock = threading.Lock()
+_warned = []
+
+
+def _pinned(array, stream):
+    """True when ``array`` lies in shared memory that is page-locked now,
+    so the copy can read it directly on ``stream``."""
+    if not array.flags.c_contiguous:
+        return False
+    shared = _shared_buffer(array)
+    if shared is None:
+        return False
+    with _pins_lock:
+        if shared not in _pins:
+            address, nbytes = shared.region()
+            error = cuda.register_host(address, nbytes)
+            _pins[shared] = None if error else []
+            shared.when_released(
+                lambda: _unpin(shared, address, os.getpid()))
+            if error and not _warned:
+                _warned.append(True)
+                warnings.warn(
+                    'CUDA cannot page-lock the shared memory of a '
+                    'MultiprocessIterator ({}: {}); its batches are copied '
+                    'to the GPU through a staging buffer instead, which is '
+                    'slower'.format(type(error).__name__, error),
+                    SharedMemoryWarning, stacklevel=4)
+        streams = _pins[shared]
+        if streams is None:
+            return False
+        if stream not in streams:
+            streams.append(stream)
+        return True
+
+
+def _unpin(shared, address, pid):
+    with _pins_lock:
+        streams = _pins.pop(shared, None)
+    if streams is None or os.getpid() != pid:   # not pinned, or forked
+        return
+    try:
+        for stream in streams:      # copies that may still read the memory
+            stream.synchronize()
+        cuda.unregister_host(address)
+    except Exception as e:
+        warnings.warn('could not unregister page-locked shared memory from '
+                      'CUDA: {}: {}'.format(type(e).__name__, e),
+                      RuntimeWarning, stacklevel=2)
+
+
+# ---- staging buffers -------------------------------------------------------
+
+class _StagingBuffer:
+    __slots__ = ('array', 'busy', 'used')
+
+    def __init__(self):
+        self.array = None       # page-locked uint8 array
+        self.busy = None        # event after the copies that read it
+        self.used = 0           # when it was last given out
+
+    def free(self):
+        return self.busy is None or self.busy.done
+
+
+class _Staging:
+    """Page-locked buffers that batches not in shared memory are copied
+    through: one whole batch per buffer, busy until the event recorded
+    after its copies, at most ``STAGING_BUFFERS`` of them."""
+
+    def __init__(self):
+        self.buffers = []
+        self.count = 0
+
+    def take(self, nbytes):
+        """A buffer of at least ``nbytes`` that no queued copy reads; the
+        caller sets its ``busy`` event once the copies are issued."""
+        free = [b for b in self.buffers if b.free()]
+        fitting = [b for b in free if b.array.nbytes >= nbytes]
+        if fitting:
+            buffer = fitting[0]
+        elif len(self.buffers) < STAGING_BUFFERS:
+            buffer = _StagingBuffer()
+            self.buffers.append(buffer)
+        elif free:
+            buffer = free[0]
+        else:                   # all in flight: wait for the oldest
+            buffer = min(self.buffers, key=lambda b: b.used)
+            buffer.busy.synchronize()
+        if buffer.array is None or buffer.array.nbytes < nbytes:
+            buffer.array = None     # the old one returns to cupy's pool
+            buffer.array = cuda.alloc_pinned(max(nbytes, 1))
+        self.count += 1
+        buffer.used = self.count
+        buffer.busy = None
+        return buffer
 
 
 class Ticket:
@@ -60,7 +191,7 @@ class Ticket:
 
     def __init__(self, device_batch, copied, keep):
         self.batch = device_batch
-        self.copied = copied     # event on the side stream, or None
+        self.copied = copied     # event on the side stream
         self.keep = keep         # host objects the copy reads from
 
 
@@ -72,45 +203,49 @@ class AsyncTransfer:
         cuda.check_available(device_id)
         with cuda.device(device_id):
             self.stream = stream or cuda.new_stream()
-        self._staging = []                  # [pinned array, busy event]
+        self._staging = _Staging()
+        self._copying = collections.deque()     # tickets still read from
         self._retired = collections.deque()
         self._handed_out = None
-
-    def _staging_for(self, nbytes):
-        for entry in self._staging:
-            array, busy = entry
-            if array.nbytes >= nbytes and (busy is None or busy.done):
-                return entry
-        entry = [cuda.alloc_pinned(max(nbytes, 1)), None]
-        self._staging.append(entry)
-        return entry
+        self.copies = {'direct': 0, 'staged': 0}   # arrays, by path
 
     def issue(self, host_batch):
         """Start copying ``host_batch`` (arrays, or tuples/lists/dicts of
         them) to the device; returns a ``Ticket``."""
-        keep = [host_batch]
-        used = []
-
-        def copy(array):
-            region = shared_region(array)
-            if region is not None and array.flags.c_contiguous:
-                cuda.register_host(*region)
-                source = array
-            else:
-                entry = self._staging_for(array.nbytes)
-                used.append(entry)
-                source = entry[0][:array.nbytes].view(array.dtype).reshape(
-                    array.shape)
+        self.drop_copied()
+        arrays = _leaves(host_batch, [])
+        staged = [not _pinned(a, self.stream) for a in arrays]
+        offsets, end = [], 0
+        for array, stage in zip(arrays, staged):
+            offsets.append(end)
+            if stage:
+                end += -(-array.nbytes // _ALIGN) * _ALIGN
+        staging = self._staging.take(end) if any(staged) else None
+        sources = []
+        for array, stage, offset in zip(arrays, staged, offsets):
+            if stage:
+                source = staging.array[offset:offset + array.nbytes].view(
+                    array.dtype).reshape(array.shape)
                 numpy.copyto(source, array)
-                keep.append(entry)
-            return cuda.copy_to_device(source, self.stream)
-
+                array = source
+            sources.append(array)
         with cuda.device(self.device_id):
-            device_batch = _map_arrays(copy, host_batch)
+            outs = [cuda.copy_to_device(a, self.stream) for a in sources]
             copied = self.stream.record()
-        for entry in used:
-            entry[1] = copied
-        return Ticket(device_batch, copied, keep)
+        if staging is not None:
+            staging.busy = copied
+        self.copies['staged'] += sum(staged)
+        self.copies['direct'] += len(staged) - sum(staged)
+        ticket = Ticket(_replace_leaves(host_batch, iter(outs)), copied,
+                        host_batch)
+        self._copying.append(ticket)
+        return ticket
+
+    def drop_copied(self):
+        """Let go of the host batches whose copies have completed (a
+        MultiprocessIterator may then refill their shared memory)."""
+        while self._copying and self._copying[0].copied.done:
+            self._copying.popleft().keep = None
 
     def hand_out(self, ticket):
         """The ticket's device batch, made safe to use on the current

@@ -16,25 +16,36 @@ from chainiter.backends._device import parse_device
 def to_device(device, x):
     """Send ``x`` (an array, or tuples/lists/dicts of them) to ``device``.
 
-    ``device`` is None, -1 or ``'@numpy'`` for the host; an int GPU id,
-    ``'@cupy:N'`` or a cupy ``Device`` for a GPU (needs the ``cuda`` extra).
-    Non-array leaves (None, numbers, strings) are returned as they are.
+    As in Chainer, ``device`` None leaves the arrays where they are; -1 or
+    ``'@numpy'`` is the host; an int GPU id, ``'@cupy:N'`` or a cupy
+    ``Device`` is a GPU (needs the ``cuda`` extra).  Non-array leaves (None,
+    numbers, strings) are returned as they are.
     """
+    return _send(_destination(device), x)
+
+
+def _destination(device):
+    """None (leave arrays where they are), -1 (the host) or a GPU id."""
+    if device is None:
+        return None
     device_id = parse_device(device)
-    if device_id is not None:
-        cuda.check_available(device)
-    return _send(device_id, x)
-
-
-def _send(device_id, x):
-    if isinstance(x, (list, tuple)):
-        return type(x)(_send(device_id, item) for item in x)
-    if isinstance(x, dict):
-        return {key: _send(device_id, value) for key, value in x.items()}
     if device_id is None:
+        return -1
+    cuda.check_available(device_id)
+    return device_id
+
+
+def _send(destination, x):
+    if destination is None:
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_send(destination, item) for item in x)
+    if isinstance(x, dict):
+        return {key: _send(destination, value) for key, value in x.items()}
+    if destination == -1:
         return cuda.to_cpu(x) if cuda.is_gpu_array(x) else x
     if isinstance(x, numpy.ndarray) or cuda.is_gpu_array(x):
-        return cuda.to_gpu(x, device_id)
+        return cuda.to_gpu(x, destination)
     return x
 
 
@@ -69,7 +80,8 @@ def concat_examples(batch, device=None, padding=None):
     Args:
         batch (list): examples: all tuples of the same length, all dicts
             with the same keys, or all arrays/scalars.
-        device: where to put the result (see ``to_device``).
+        device: where to put the result (see ``to_device``); None leaves
+            it where the examples are.
         padding: None to require equal shapes; otherwise the value ragged
             fields are padded with to the largest shape.  A tuple (for tuple
             examples) or dict (for dict examples) gives one value per field.
@@ -81,9 +93,7 @@ def concat_examples(batch, device=None, padding=None):
         raise ValueError('concat_examples got an empty batch; there is '
                          'nothing to stack')
     _check_structure(batch)
-    device_id = parse_device(device)
-    if device_id is not None:
-        cuda.check_available(device)
+    destination = _destination(device)
     first = batch[0]
     if isinstance(first, tuple):
         if not isinstance(padding, tuple):
@@ -93,22 +103,22 @@ def concat_examples(batch, device=None, padding=None):
                 'padding has {} values but the examples have {} fields'.format(
                     len(padding), len(first)))
         return tuple(
-            _send(device_id, _concat([example[i] for example in batch],
+            _send(destination, _concat([example[i] for example in batch],
                                      padding[i], 'field {}'.format(i)))
             for i in range(len(first)))
     if isinstance(first, dict):
         if not isinstance(padding, dict):
             padding = {key: padding for key in first}
-        return {key: _send(device_id, _concat(
+        return {key: _send(destination, _concat(
                     [example[key] for example in batch], padding.get(key),
                     'key {!r}'.format(key)))
                 for key in first}
-    return _send(device_id, _concat(batch, padding, 'the examples'))
+    return _send(destination, _concat(batch, padding, 'the examples'))
 
 
 def _concat(arrays, padding, what):
     if cuda.is_gpu_array(arrays[0]):
-        xp = cuda.check_available('the arrays')
+        xp = cuda.check_available(None)
     else:
         xp = numpy
         if not isinstance(arrays[0], numpy.ndarray):

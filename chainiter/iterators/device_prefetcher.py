@@ -52,6 +52,13 @@ class DevicePrefetcher(Iterator):
         self._current = None
         self._exhausted = False
 
+    @property
+    def copies(self):
+        """How many arrays were copied to the GPU straight from
+        MultiprocessIterator's shared memory (``'direct'``) and through a
+        page-locked staging buffer (``'staged'``); None on the host."""
+        return None if self._transfer is None else dict(self._transfer.copies)
+
     # ---- the protocol ----------------------------------------------------
 
     def __next__(self):
@@ -70,6 +77,8 @@ class DevicePrefetcher(Iterator):
 
     def _fill(self, count):
         while len(self._ahead) < count and not self._exhausted:
+            if self._transfer is not None:
+                self._transfer.drop_copied()
             try:
                 batch = next(self.iterator)
             except StopIteration:

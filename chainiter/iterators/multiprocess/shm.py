@@ -15,11 +15,15 @@ killed.  Two things differ from a ``RawArray``:
   workers that are already running.
 """
 
+import ctypes
 import errno
 import mmap
 import os
 import tempfile
 import warnings
+import weakref
+
+import numpy
 
 from chainiter.errors import SharedMemoryWarning
 
@@ -61,6 +65,10 @@ def _size_text(n):
     return '{:,} bytes ({:.1f} MiB)'.format(n, n / 2 ** 20)
 
 
+# The live buffers by id() of their mmap, for SharedBuffer.of().
+_by_mapping = weakref.WeakValueDictionary()
+
+
 class SharedBuffer:
     """``size`` bytes of memory shared with worker processes.
 
@@ -73,6 +81,35 @@ class SharedBuffer:
         self.size = size
         self.fd = fd
         self.buffer = mmap.mmap(fd, size) if size else None
+        self._on_release = []
+        if self.buffer is not None:
+            _by_mapping[id(self.buffer)] = self
+
+    @staticmethod
+    def of(array):
+        """The live SharedBuffer that the numpy ``array`` (a batch handed
+        out by a MultiprocessIterator) views, or None."""
+        base = array
+        while isinstance(base, numpy.ndarray):
+            base = base.base
+        if not isinstance(base, ctypes.Array):
+            return None
+        for owner in (getattr(base, '_objects', None) or {}).values():
+            mapping = getattr(owner, 'obj', None)    # memoryview of the mmap
+            shared = _by_mapping.get(id(mapping))
+            if shared is not None and shared.buffer is mapping:
+                return shared
+        return None
+
+    def region(self):
+        """``(address, nbytes)`` of the mapping."""
+        whole = (ctypes.c_char * self.size).from_buffer(self.buffer)
+        return ctypes.addressof(whole), self.size
+
+    def when_released(self, callback):
+        """Call ``callback()`` in ``release()``, before the memory may be
+        unmapped (a GPU's registration of it must end first)."""
+        self._on_release.append(callback)
 
     @classmethod
     def allocate(cls, size):
@@ -137,6 +174,11 @@ class SharedBuffer:
         the mapping then goes with the last of them."""
         self.close()
         buffer, self.buffer = self.buffer, None
+        if buffer is not None:
+            _by_mapping.pop(id(buffer), None)
+        callbacks, self._on_release = self._on_release, []
+        for callback in callbacks:
+            callback()
         if buffer is not None:
             try:
                 buffer.close()      # also closes mmap's own descriptor
