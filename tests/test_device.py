@@ -19,6 +19,7 @@ from chainiter import (
     concat_examples,
 )
 from chainiter.backends import cuda
+from chainiter.dataset.async_transfer import shared_region
 
 from fake_cupy import FakeCupy
 from helpers import (
@@ -128,7 +129,6 @@ def test_gpu_device_without_cupy_says_how_to_fix():
 
 
 def test_shared_region_finds_the_buffer_of_a_stacked_batch(method):
-    from chainiter.dataset.async_transfer import shared_region
     with MultiprocessIterator(Examples(12, 'tuple'), 4, n_processes=1,
                               converter=concat_examples,
                               start_method=method) as it:
@@ -305,6 +305,8 @@ def test_gpu_arrays_are_recognised_in_a_fresh_process():
 
 
 # ---- on a real GPU --------------------------------------------------------
+#
+# bash tests/gpu_check.sh runs these (python -m pytest -m gpu).
 
 gpu = pytest.mark.gpu
 
@@ -317,12 +319,11 @@ def cupy():
     return cupy
 
 
-def host(x):
-    if isinstance(x, tuple):
-        return tuple(host(v) for v in x)
-    if isinstance(x, dict):
-        return {k: host(v) for k, v in x.items()}
-    return x.get() if hasattr(x, 'get') else x
+def registered(cupy, address):
+    """Whether CUDA holds a host registration at ``address`` (which may no
+    longer be mapped)."""
+    attributes = cupy.cuda.runtime.pointerGetAttributes(address)
+    return attributes.type == cupy.cuda.runtime.memoryTypeHost
 
 
 @gpu
@@ -331,28 +332,65 @@ def test_gpu_to_device_and_concat(cupy, device):
     batch = [(numpy.arange(i + 2, dtype=numpy.float32), i) for i in range(5)]
     out = concat_examples(batch, device=device, padding=-1)
     assert isinstance(out[0], cupy.ndarray)
-    assert same(host(out), concat_examples(batch, padding=-1))
+    assert same(on_host(out), concat_examples(batch, padding=-1))
     nested = chainiter.to_device(cupy.cuda.Device(0), {'a': [numpy.ones(3)]})
     assert isinstance(nested['a'][0], cupy.ndarray)
+    back = chainiter.to_device(-1, nested)
+    assert type(back['a'][0]) is numpy.ndarray
+    assert chainiter.to_device(None, nested['a'][0]) is nested['a'][0]
+    g = cupy.arange(3)
+    assert isinstance(concat_examples([g, g]), cupy.ndarray)
 
 
 @gpu
-def test_gpu_async_converter_values_and_no_corruption(cupy):
+def test_gpu_bad_device_id(cupy):
+    count = cupy.cuda.runtime.getDeviceCount()
+    with pytest.raises(ValueError, match='GPU {} does not exist'.format(
+            count)):
+        concat_examples([numpy.zeros(2)], device=count)
+
+
+@gpu
+def test_gpu_async_converter_without_synchronising_keeps_every_value(cupy):
+    """Many batches issued back to back, each used by a kernel on the
+    compute stream, nothing synchronised until the end: a staging buffer
+    or device array reused too early would show in the values."""
     converter = ConcatWithAsyncTransfer()
     rng = numpy.random.default_rng(0)
-    for _ in range(50):
-        batch = [(rng.random((3, 64, 64), dtype=numpy.float32),
-                  rng.integers(0, 10, size=rng.integers(1, 9)))
-                 for _ in range(16)]
-        out = converter(batch, 0, padding=0)
-        expected = concat_examples(batch, padding=0)
-        y = out[0] * 2      # compute on the current stream
-        assert same(host(out), expected)
-        numpy.testing.assert_array_equal(y.get(), expected[0] * 2)
+    batches = [[(rng.random((3, 64, 64), dtype=numpy.float32),
+                 rng.integers(0, 10, size=5))
+                for _ in range(16)] for _ in range(150)]
+    results = []
+    for batch in batches:
+        x, t = converter(batch, 0)
+        results.append((x * 2, t + 1, x.sum()))
+    cupy.cuda.Device(0).synchronize()
+    for batch, (x2, t1, total) in zip(batches, results):
+        x, t = concat_examples(batch)
+        numpy.testing.assert_array_equal(x2.get(), x * 2)
+        numpy.testing.assert_array_equal(t1.get(), t + 1)
+        numpy.testing.assert_allclose(float(total), x.sum(dtype=numpy.float64),
+                                      rtol=1e-4)
+    transfer = converter.transfer_for(0)
+    assert transfer.staging_bytes <= 4 * 2 * 16 * 3 * 64 * 64 * 4
 
 
 @gpu
-def test_gpu_prefetcher_from_shared_memory(cupy, method):
+@pytest.mark.parametrize('kind', [SerialIterator, MultithreadIterator])
+def test_gpu_prefetcher_over_host_iterators(cupy, kind):
+    dataset = AugmentedDataset(300)
+    kwargs = {'n_threads': 2} if kind is MultithreadIterator else {}
+    with DevicePrefetcher(kind(dataset, 8, seed=4, **kwargs), 0,
+                          depth=3) as it, \
+            SerialIterator(dataset, 8, seed=4) as ref:
+        outs = [next(it) for _ in range(80)]          # no synchronising
+        expected = [concat_examples(next(ref)) for _ in range(80)]
+        assert all(same(on_host(o), e) for o, e in zip(outs, expected))
+        assert it.copies['direct'] == 0 and it.copies['staged'] > 0
+
+
+@gpu
+def test_gpu_prefetcher_copies_from_shared_memory(cupy, method):
     dataset = Examples(64, 'tuple')
     with DevicePrefetcher(MultiprocessIterator(
             dataset, 8, n_processes=2, seed=1, converter=concat_examples,
@@ -361,31 +399,93 @@ def test_gpu_prefetcher_from_shared_memory(cupy, method):
         for _ in range(30):
             out = next(it)
             assert isinstance(out[0], cupy.ndarray)
-            assert same(host(out), concat_examples(next(ref)))
+            assert same(on_host(out), concat_examples(next(ref)))
+        # The first batches measure the layout and come through the socket.
+        assert it.copies['direct'] >= 3 * 25, it.copies
+
+
+@gpu
+def test_gpu_registrations_end_with_their_iterator(cupy, method):
+    """Successive iterators in one process: each one's shared memory is
+    page-locked while it lives, and no registration outlives its iterator
+    (a later mapping at the same address must not meet a stale one)."""
+    dataset = Examples(64, 'tuple')
+    transfer = ConcatWithAsyncTransfer().transfer_for(0)
+    for round in range(3):
+        addresses = set()
+        with MultiprocessIterator(
+                dataset, 8, n_processes=2, seed=round,
+                converter=concat_examples, start_method=method) as it, \
+                SerialIterator(dataset, 8, seed=round) as ref:
+            for _ in range(20):
+                batch = next(it)
+                region = shared_region(batch[0])
+                if region is not None:
+                    addresses.add(region[0])
+                out = transfer.hand_out(transfer.issue(batch))
+                del batch
+                assert same(on_host(out), concat_examples(next(ref)))
+            assert addresses
+            assert all(registered(cupy, a) for a in addresses)
+        assert not any(registered(cupy, a) for a in addresses)
+
+
+@gpu
+def test_gpu_registration_refused_falls_back(cupy):
+    """Memory CUDA will not register (here: already registered by someone
+    else) is copied through staging, with a warning, and stays correct."""
+    dataset = Examples(32, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=1, seed=0,
+                              converter=concat_examples) as it, \
+            SerialIterator(dataset, 4, seed=0) as ref:
+        for _ in range(6):
+            batch, expected = next(it), concat_examples(next(ref))
+            region = shared_region(batch[0])
+            if region is not None:
+                break
+        cupy.cuda.runtime.hostRegister(region[0], region[1], 0)
+        try:
+            transfer = ConcatWithAsyncTransfer().transfer_for(0)
+            with pytest.warns(chainiter.SharedMemoryWarning,
+                              match='page-lock'):
+                out = transfer.hand_out(transfer.issue(batch))
+            assert same(on_host(out), expected)
+            assert transfer.copies == {'direct': 0, 'staged': 3}
+        finally:
+            cupy.cuda.runtime.hostUnregister(region[0])
 
 
 @gpu
 def test_gpu_copy_overlaps_compute(cupy):
     """The copy of batch k+1 runs on another stream than the compute on
-    batch k, and the two overlap in time (CUDA events)."""
-    big = [numpy.ones((64, 1024, 1024), dtype=numpy.float32)]
+    batch k, and the two overlap in time (CUDA events).  The host batch is
+    built before the timed region; the compute lasts far longer than the
+    host's share of issuing the copy."""
     converter = ConcatWithAsyncTransfer()
     transfer = converter.transfer_for(0)
     compute = cupy.cuda.get_current_stream()
     assert transfer.stream.ptr != compute.ptr
-    x = converter(big, 0)
+    batch = numpy.ones((16, 1024, 1024), dtype=numpy.float32)   # 64 MiB
+    transfer.hand_out(transfer.issue(batch))      # warms pools and staging
+    a = cupy.random.random((4096, 4096), dtype=numpy.float32)
+    cupy.cuda.Device(0).synchronize()
     start = compute.record()
-    for _ in range(200):
-        x = cupy.sqrt(x * x + 1)          # long compute on batch k
+    for _ in range(60):
+        a = a @ a
+        a /= cupy.abs(a).max() + 1
     compute_end = compute.record()
-    ticket = transfer.issue(concat_examples(big))   # batch k + 1
+    copy_start = transfer.stream.record()
+    ticket = transfer.issue(batch)                 # batch k + 1
     copy_end = transfer.stream.record()
     compute_end.synchronize()
     copy_end.synchronize()
-    # The copy finished while the compute was still running.
-    assert cupy.cuda.get_elapsed_time(start, copy_end) < \
-        cupy.cuda.get_elapsed_time(start, compute_end)
-    transfer.hand_out(ticket)
+    copy_ms = cupy.cuda.get_elapsed_time(copy_start, copy_end)
+    compute_ms = cupy.cuda.get_elapsed_time(start, compute_end)
+    # The copy began and finished while the compute was still running.
+    assert cupy.cuda.get_elapsed_time(start, copy_end) < compute_ms, (
+        copy_ms, compute_ms)
+    assert copy_ms < compute_ms
+    assert same(on_host(transfer.hand_out(ticket)), batch)
 
 
 @gpu
@@ -396,7 +496,10 @@ def test_gpu_memory_does_not_grow(cupy):
     for _ in range(20):
         converter(batch, 0)
     used = pool.used_bytes()
+    staging = converter.transfer_for(0).staging_bytes
     for _ in range(200):
         converter(batch, 0)
     cupy.cuda.Device(0).synchronize()
     assert pool.used_bytes() <= used + 4 * 8 * 1024 * 256 * 4
+    assert converter.transfer_for(0).staging_bytes <= max(
+        staging, 4 * 8 * 1024 * 256 * 4 + 4096)

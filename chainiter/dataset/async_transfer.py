@@ -90,17 +90,18 @@ def shared_region(array):
 
 _pins = {}          # SharedBuffer -> streams that copied from it, or None
 _pins_lock = threading.Lock()
-_warned = []
 
 
 def _pinned(array, stream):
-    """True when ``array`` lies in shared memory that is page-locked now,
-    so the copy can read it directly on ``stream``."""
+    """``(pinned, error)``: whether ``array`` lies in shared memory that is
+    page-locked now, so the copy can read it directly on ``stream``, and
+    the CUDA error if registering that memory failed just now."""
     if not array.flags.c_contiguous:
-        return False
+        return False, None
     shared = _shared_buffer(array)
     if shared is None:
-        return False
+        return False, None
+    error = None
     with _pins_lock:
         if shared not in _pins:
             address, nbytes = shared.region()
@@ -108,20 +109,12 @@ def _pinned(array, stream):
             _pins[shared] = None if error else []
             shared.when_released(
                 lambda: _unpin(shared, address, os.getpid()))
-            if error and not _warned:
-                _warned.append(True)
-                warnings.warn(
-                    'CUDA cannot page-lock the shared memory of a '
-                    'MultiprocessIterator ({}: {}); its batches are copied '
-                    'to the GPU through a staging buffer instead, which is '
-                    'slower'.format(type(error).__name__, error),
-                    SharedMemoryWarning, stacklevel=4)
         streams = _pins[shared]
         if streams is None:
-            return False
+            return False, error
         if stream not in streams:
             streams.append(stream)
-        return True
+        return True, None
 
 
 def _unpin(shared, address, pid):
@@ -208,13 +201,25 @@ class AsyncTransfer:
         self._retired = collections.deque()
         self._handed_out = None
         self.copies = {'direct': 0, 'staged': 0}   # arrays, by path
+        self._warned = False
 
     def issue(self, host_batch):
         """Start copying ``host_batch`` (arrays, or tuples/lists/dicts of
         them) to the device; returns a ``Ticket``."""
         self.drop_copied()
         arrays = _leaves(host_batch, [])
-        staged = [not _pinned(a, self.stream) for a in arrays]
+        staged = []
+        for array in arrays:
+            pinned, error = _pinned(array, self.stream)
+            staged.append(not pinned)
+            if error is not None and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    'CUDA cannot page-lock the shared memory of a '
+                    'MultiprocessIterator ({}: {}); such batches are copied '
+                    'to the GPU through a staging buffer instead, which is '
+                    'slower'.format(type(error).__name__, error),
+                    SharedMemoryWarning, stacklevel=3)
         offsets, end = [], 0
         for array, stage in zip(arrays, staged):
             offsets.append(end)
@@ -240,6 +245,12 @@ class AsyncTransfer:
                         host_batch)
         self._copying.append(ticket)
         return ticket
+
+    @property
+    def staging_bytes(self):
+        """Page-locked bytes held in staging buffers."""
+        return sum(b.array.nbytes for b in self._staging.buffers
+                   if b.array is not None)
 
     def drop_copied(self):
         """Let go of the host batches whose copies have completed (a
