@@ -356,12 +356,20 @@ def test_gpu_async_converter_without_synchronising_keeps_every_value(cupy):
     compute stream, nothing synchronised until the end: a staging buffer
     or device array reused too early would show in the values."""
     converter = ConcatWithAsyncTransfer()
+    transfer = converter.transfer_for(0)
     rng = numpy.random.default_rng(0)
     batches = [[(rng.random((3, 64, 64), dtype=numpy.float32),
                  rng.integers(0, 10, size=5))
                 for _ in range(16)] for _ in range(150)]
+    stall = cupy.ones(2 ** 25, dtype=numpy.float32)
     results = []
     for batch in batches:
+        # Work queued on the side stream first holds the copies back, as
+        # copies queued behind one another would: the host then stages
+        # the next field and batch while the copy before has not run.
+        with transfer.stream:
+            for _ in range(4):
+                stall = cupy.sqrt(stall)
         x, t = converter(batch, 0)
         results.append((x * 2, t + 1, x.sum()))
     cupy.cuda.Device(0).synchronize()
@@ -371,7 +379,6 @@ def test_gpu_async_converter_without_synchronising_keeps_every_value(cupy):
         numpy.testing.assert_array_equal(t1.get(), t + 1)
         numpy.testing.assert_allclose(float(total), x.sum(dtype=numpy.float64),
                                       rtol=1e-4)
-    transfer = converter.transfer_for(0)
     assert transfer.staging_bytes <= 4 * 2 * 16 * 3 * 64 * 64 * 4
 
 
