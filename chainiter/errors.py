@@ -10,8 +10,9 @@ Hierarchy::
 
     TimeoutWarning        (RuntimeWarning)  no batch arrived for dataset_timeout seconds
     WorkerRestartWarning  (RuntimeWarning)  a dead worker was replaced
-    SharedMemoryWarning   (UserWarning)     an example outgrew its shared buffer, or the
-                                            buffers could not be placed in /dev/shm
+    SharedMemoryWarning   (UserWarning)     an example outgrew its shared buffer, the
+                                            buffers could not be placed in /dev/shm, or
+                                            CUDA could not page-lock them
 
 "You closed it" (``IteratorFinalizedError``) is kept apart from "it broke"
 (``WorkerDiedError``) so that a trainer can tell a shutdown from a failure.
@@ -55,5 +56,6 @@ class WorkerRestartWarning(RuntimeWarning):
 
 
 class SharedMemoryWarning(UserWarning):
-    """An example did not fit its shared-memory buffer, or the buffers could
-    not be placed in ``/dev/shm``."""
+    """An example did not fit its shared-memory buffer, the buffers could
+    not be placed in ``/dev/shm``, or CUDA could not page-lock them for
+    direct copies to the GPU."""
