@@ -5,18 +5,24 @@ It keeps CUDA's ordering rules and makes their races deterministic:
 
 - a copy to the device from page-locked host memory (``alloc_pinned_memory``
   or a ``hostRegister``-ed range) is queued on its stream and reads the host
-  memory only when the stream runs; a copy from pageable memory runs at once,
-  as CUDA stages it before returning;
+  memory, by address, only when the stream runs: it keeps nothing alive,
+  so memory freed or reused before then shows in the values; a copy from
+  pageable memory runs at once, as CUDA stages it before returning;
 - a stream runs only when it, or an event recorded on it, is synchronised,
-  or when an array is read back with ``get()`` (which runs every stream);
+  or when an array is read back with ``get()``, which runs the current
+  stream (and, through ``wait_event``, what it waits for), as cupy does;
 - ``event.done`` is False until the stream has run up to the event;
+- page-locked memory comes from a pool, as cupy's: a block freed is handed
+  out again at the same address;
 - ``hostRegister`` of a range that overlaps a registered one raises, and
   ``hostUnregister`` of a range that is not registered raises, as CUDA does.
 
 Install it with ``monkeypatch.setitem(sys.modules, 'cupy', FakeCupy())``.
 """
 
+import ctypes
 import types
+import weakref
 
 import numpy
 
@@ -92,13 +98,15 @@ class ndarray:
     def set(self, host, stream=None):
         stream = stream or self.gpu.current_stream()
         host = numpy.asarray(host)
-        if host.shape != self.shape or host.dtype != self.dtype:
-            raise ValueError('shape or dtype mismatch')
+        if host.shape != self.shape or host.dtype != self.dtype or \
+                not host.flags.c_contiguous:
+            raise ValueError('shape, dtype or layout mismatch')
         source = self.gpu.memory_of(host)
         self.gpu.copies.append(source)
+        address, nbytes, data = _address(host), host.nbytes, self._data
 
         def copy():
-            self._data[...] = host
+            ctypes.memmove(data.ctypes.data, address, nbytes)
         if source != 'pageable':
             stream.enqueue(copy)
         else:
@@ -106,7 +114,7 @@ class ndarray:
             copy()
 
     def get(self, stream=None):
-        self.gpu.synchronize()
+        (stream or self.gpu.current_stream()).synchronize()
         return self._data.copy()
 
 
@@ -121,11 +129,13 @@ class FakeCupy(types.ModuleType):
         self.streams = []
         self.stream_stack = []
         self.default_stream = self._new_stream()
-        self.pinned = []          # (address, nbytes, memory) allocated
+        self.pinned = []          # (address, nbytes, block): every block
+        self.free_pinned = []     # blocks back in the pool
         self.registered = {}      # address -> nbytes
         self.registrations = []   # every hostRegister: (address, nbytes)
         self.copies = []          # per copy, what memory_of() its source
         self.refuse_registration = False
+        self.fail_pinned = 0      # allocations of page-locked memory to fail
 
         class Device:
             def __init__(self, device_id=0):
@@ -161,9 +171,22 @@ class FakeCupy(types.ModuleType):
                 raise CUDARuntimeError('cudaErrorHostMemoryNotRegistered')
 
         def alloc_pinned_memory(nbytes):
-            memory = bytearray(nbytes)
-            array = numpy.frombuffer(memory, dtype=numpy.uint8)
-            gpu.pinned.append((_address(array), nbytes, memory))
+            """A block from the pool (the smallest free one that fits),
+            returned to it when the array handed out is collected."""
+            if gpu.fail_pinned:
+                gpu.fail_pinned -= 1
+                raise CUDARuntimeError('cudaErrorMemoryAllocation')
+            fitting = [b for b in gpu.free_pinned if len(b) >= nbytes]
+            if fitting:
+                block = min(fitting, key=len)
+                gpu.free_pinned.remove(block)
+            else:
+                block = numpy.zeros(max(nbytes, 1), dtype=numpy.uint8)
+                gpu.pinned.append((_address(block), block.nbytes, block))
+            # Not an ndarray (numpy would make the block itself the base
+            # of arrays made from it): like cupy's PinnedMemoryPointer.
+            memory = (ctypes.c_uint8 * nbytes).from_buffer(block)
+            weakref.finalize(memory, gpu.free_pinned.append, block)
             return memory
 
         runtime = types.SimpleNamespace(

@@ -2,6 +2,7 @@
 GPU are present (marked ``gpu``; run with ``python -m pytest -m gpu``)."""
 
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,7 @@ from helpers import (
     Examples,
     assert_resume_equivalent,
     fingerprint,
+    mapped_buffers,
 )
 
 N, BATCH = 11, 4
@@ -262,6 +264,69 @@ def test_refused_registration_falls_back_to_staging(fake):
             for out in outs:
                 assert same(on_host(out), concat_examples(next(ref)))
     assert fake.registered == {}
+
+
+def test_dropped_converters_wait_for_their_copies(fake):
+    """A converter dropped while its copies are queued gives its staging
+    buffers back to the pool only after they ran: the next converter's
+    buffers (same addresses) must not overwrite what they still read."""
+    batches = float_batches(12)
+    outs = []
+    for batch in batches:
+        outs.append(ConcatWithAsyncTransfer()(batch, 0))
+        gc.collect()
+    for out, batch in zip(outs, batches):
+        assert same(on_host(out), concat_examples(batch))
+
+
+def test_prefetcher_from_shared_memory_without_synchronising(fake, method):
+    """Shared memory a queued copy reads is not refilled by the workers."""
+    dataset = Examples(80, 'tuple')
+    with DevicePrefetcher(MultiprocessIterator(
+            dataset, 4, n_processes=2, seed=3, converter=concat_examples,
+            start_method=method), 0, depth=2) as it, \
+            SerialIterator(dataset, 4, seed=3) as ref:
+        outs = [next(it) for _ in range(15)]
+        assert it.copies['direct'] > 0
+        for out in outs:
+            assert same(on_host(out), concat_examples(next(ref)))
+
+
+def test_finalize_lets_go_of_shared_memory_and_staging(fake, method):
+    """The batches handed out are on the device: once finalized, nothing
+    of the iterator stays mapped, registered or page-locked."""
+    dataset = Examples(80, 'tuple')
+    before = mapped_buffers()     # (pytest's capture files look alike)
+    it = DevicePrefetcher(MultiprocessIterator(
+        dataset, 4, n_processes=2, seed=3, converter=concat_examples,
+        start_method=method), 0, depth=3)
+    batches = [next(it) for _ in range(10)]
+    it.finalize()
+    gc.collect()
+    assert mapped_buffers() == before
+    assert fake.registered == {}
+    assert it._transfer.staging_bytes == 0
+    assert len(batches) == 10
+
+
+def test_a_failed_staging_allocation_is_not_remembered(fake):
+    converter = ConcatWithAsyncTransfer()
+    batch = float_batches(1)[0]
+    fake.fail_pinned = 1
+    with pytest.raises(fake.cuda.runtime.CUDARuntimeError):
+        converter(batch, 0)
+    assert same(on_host(converter(batch, 0)), concat_examples(batch))
+
+
+def test_no_release_callback_after_release():
+    from chainiter.iterators.multiprocess.shm import SharedBuffer
+    shared = SharedBuffer.allocate(4096)
+    calls = []
+    assert shared.when_released(lambda: calls.append(1))
+    shared.release()
+    assert calls == [1]
+    assert not shared.when_released(lambda: calls.append(2))
+    assert calls == [1] and shared.region() is None
 
 
 def test_a_bad_gpu_id_says_which_exist(fake):

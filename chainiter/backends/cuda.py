@@ -43,31 +43,36 @@ def is_available():
         return False
 
 
+_HOST_HINT = {False: '; pass device=None for the host',
+              True: '; bring the arrays to the host with to_device(-1, x)'}
+
+
 def check_available(device_id):
     """Return the cupy module, or raise an error that says why GPU
     ``device_id`` (an int, or None for "any GPU") cannot be used and how to
     fix it."""
     cupy = _module()
+    what = 'cupy arrays were given' if device_id is None else \
+        'GPU {} was asked for'.format(device_id)
     if cupy is None:
         raise RuntimeError(
-            'GPU {} was asked for, but cupy cannot be imported ({}: {}). '
+            '{}, but cupy cannot be imported ({}: {}). '
             'Install the cuda extra: pip install "chainiter[cuda]" (or the '
             'cupy wheel matching your CUDA, e.g. cupy-cuda12x), or pass '
             'device=None for the host'.format(
-                device_id, type(_import_error).__name__, _import_error))
+                what, type(_import_error).__name__, _import_error))
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:    # no driver, or a driver too old for this cupy
         raise RuntimeError(
-            'GPU {} was asked for, but there is no usable CUDA GPU: {}: {}. '
-            'Check nvidia-smi and that the cupy wheel matches the driver, or '
-            'pass device=None for the host'.format(
-                device_id, type(e).__name__, e)) from e
+            '{}, but there is no usable CUDA GPU: {}: {}. Check nvidia-smi '
+            'and that the cupy wheel matches the driver{}'.format(
+                what, type(e).__name__, e, _HOST_HINT[device_id is None])
+        ) from e
     if count == 0:
         raise RuntimeError(
-            'GPU {} was asked for, but there is no usable CUDA GPU: CUDA '
-            'finds none on this machine; pass device=None for the '
-            'host'.format(device_id))
+            '{}, but there is no usable CUDA GPU: CUDA finds none on this '
+            'machine{}'.format(what, _HOST_HINT[device_id is None]))
     if device_id is not None and device_id >= count:
         raise ValueError(
             'GPU {} does not exist: this machine has {} GPU{} (ids 0 to {}). '
@@ -116,7 +121,7 @@ def alloc_pinned(nbytes):
 # Page-locked ranges of memory chainiter registered: address -> nbytes.
 # Registrations are process-wide (cudaHostRegisterPortable: every device).
 _registered = {}
-_registered_lock = threading.Lock()
+_registered_lock = threading.RLock()
 _PORTABLE = 1
 
 
@@ -126,8 +131,9 @@ def register_host(address, nbytes):
     before that memory is unmapped.  Returns None, or the CUDA error when
     the memory cannot be registered (then copy through a staging buffer)."""
     with _registered_lock:
-        if _registered.get(address) == nbytes:
-            return None
+        if address in _registered:     # never released: do not trust it
+            return RuntimeError('0x{:x} is registered already'.format(
+                address))
         try:
             _module().cuda.runtime.hostRegister(address, nbytes, _PORTABLE)
         except Exception as e:

@@ -28,6 +28,7 @@ import collections
 import os
 import threading
 import warnings
+import weakref
 
 import numpy
 
@@ -89,7 +90,9 @@ def shared_region(array):
 # finalize().
 
 _pins = {}          # SharedBuffer -> streams that copied from it, or None
-_pins_lock = threading.Lock()
+# Re-entrant: garbage collection while it is held may finalize an iterator,
+# whose release() unpins on the same thread.
+_pins_lock = threading.RLock()
 
 
 def _pinned(array, stream):
@@ -104,12 +107,18 @@ def _pinned(array, stream):
     error = None
     with _pins_lock:
         if shared not in _pins:
-            address, nbytes = shared.region()
+            region = shared.region()
+            if region is None:                  # released meanwhile
+                return False, None
+            address, nbytes = region
             error = cuda.register_host(address, nbytes)
             _pins[shared] = None if error else []
-            shared.when_released(
-                lambda: _unpin(shared, address, os.getpid()))
-        streams = _pins[shared]
+            pid = os.getpid()
+            if not shared.when_released(
+                    lambda: _unpin(shared, address, pid)):
+                _unpin(shared, address, pid)    # released by another thread
+                return False, None
+        streams = _pins.get(shared)
         if streams is None:
             return False, error
         if stream not in streams:
@@ -123,9 +132,11 @@ def _unpin(shared, address, pid):
     if streams is None or os.getpid() != pid:   # not pinned, or forked
         return
     try:
-        for stream in streams:      # copies that may still read the memory
-            stream.synchronize()
-        cuda.unregister_host(address)
+        try:
+            for stream in streams:   # copies that may still read the memory
+                stream.synchronize()
+        finally:
+            cuda.unregister_host(address)
     except Exception as e:
         warnings.warn('could not unregister page-locked shared memory from '
                       'CUDA: {}: {}'.format(type(e).__name__, e),
@@ -164,6 +175,7 @@ class _Staging:
             buffer = fitting[0]
         elif len(self.buffers) < STAGING_BUFFERS:
             buffer = _StagingBuffer()
+            buffer.array = cuda.alloc_pinned(max(nbytes, 1))
             self.buffers.append(buffer)
         elif free:
             buffer = free[0]
@@ -171,12 +183,23 @@ class _Staging:
             buffer = min(self.buffers, key=lambda b: b.used)
             buffer.busy.synchronize()
         if buffer.array is None or buffer.array.nbytes < nbytes:
-            buffer.array = None     # the old one returns to cupy's pool
-            buffer.array = cuda.alloc_pinned(max(nbytes, 1))
+            array = cuda.alloc_pinned(max(nbytes, 1))
+            buffer.array = array    # the old one returns to cupy's pool
         self.count += 1
         buffer.used = self.count
         buffer.busy = None
         return buffer
+
+
+def _drain(stream, staging, copying, retired):
+    stream.synchronize()
+    for event, _ in retired:
+        event.synchronize()
+    retired.clear()
+    for ticket in copying:
+        ticket.keep = None
+    copying.clear()
+    staging.buffers.clear()
 
 
 class Ticket:
@@ -202,6 +225,16 @@ class AsyncTransfer:
         self._handed_out = None
         self.copies = {'direct': 0, 'staged': 0}   # arrays, by path
         self._warned = False
+        # Dropped or closed, it waits for its queued copies before their
+        # sources (staging buffers, host batches) may be reused.
+        self._finalizer = weakref.finalize(
+            self, _drain, self.stream, self._staging, self._copying,
+            self._retired)
+
+    def close(self):
+        """Wait for the copies issued, then let go of every host batch and
+        staging buffer (the ticket handed out last stays valid)."""
+        self._finalizer()
 
     def issue(self, host_batch):
         """Start copying ``host_batch`` (arrays, or tuples/lists/dicts of

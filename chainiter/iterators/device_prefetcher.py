@@ -106,6 +106,8 @@ class DevicePrefetcher(Iterator):
 
     def finalize(self):
         self._drop_ahead()
+        if self._transfer is not None:
+            self._transfer.close()    # before the iterator unmaps its slots
         self.iterator.finalize()
 
     def __getattr__(self, name):

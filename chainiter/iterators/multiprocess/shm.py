@@ -20,6 +20,7 @@ import errno
 import mmap
 import os
 import tempfile
+import threading
 import warnings
 import weakref
 
@@ -81,7 +82,8 @@ class SharedBuffer:
         self.size = size
         self.fd = fd
         self.buffer = mmap.mmap(fd, size) if size else None
-        self._on_release = []
+        self._on_release = []           # None once released
+        self._release_lock = threading.Lock()
         if self.buffer is not None:
             _by_mapping[id(self.buffer)] = self
 
@@ -102,14 +104,22 @@ class SharedBuffer:
         return None
 
     def region(self):
-        """``(address, nbytes)`` of the mapping."""
-        whole = (ctypes.c_char * self.size).from_buffer(self.buffer)
+        """``(address, nbytes)`` of the mapping, or None once released."""
+        mapping = self.buffer
+        if mapping is None:
+            return None
+        whole = (ctypes.c_char * self.size).from_buffer(mapping)
         return ctypes.addressof(whole), self.size
 
     def when_released(self, callback):
-        """Call ``callback()`` in ``release()``, before the memory may be
-        unmapped (a GPU's registration of it must end first)."""
-        self._on_release.append(callback)
+        """Have ``release()`` call ``callback()`` before the memory may be
+        unmapped (a GPU's registration of it must end first); False, and
+        no call, when it was released already."""
+        with self._release_lock:
+            if self._on_release is None:
+                return False
+            self._on_release.append(callback)
+            return True
 
     @classmethod
     def allocate(cls, size):
@@ -176,7 +186,8 @@ class SharedBuffer:
         buffer, self.buffer = self.buffer, None
         if buffer is not None:
             _by_mapping.pop(id(buffer), None)
-        callbacks, self._on_release = self._on_release, []
+        with self._release_lock:
+            callbacks, self._on_release = self._on_release or [], None
         for callback in callbacks:
             callback()
         if buffer is not None:
