@@ -225,16 +225,33 @@ def children_of(pid):
 
 
 def worker_pids():
-    """The pids of the worker processes of this process's iterators: under
-    fork they are the children of a launcher process."""
-    import multiprocessing
+    """The pids of the live worker processes of this process's iterators:
+    under fork they are the children of a launcher process.
+
+    It reads multiprocessing's list of children without polling them
+    (``multiprocessing.active_children()`` reaps, and a reap from this
+    thread races with the iterator's own wait for a dead worker) and asks
+    /proc which are alive."""
+    from multiprocessing import process as mp_process
     pids = set()
-    for process in multiprocessing.active_children():
+    for process in list(mp_process._children):
+        pid = process.pid
+        if pid is None or not _running(pid):
+            continue
         if process.name.startswith('chainiter-worker'):
-            pids.add(process.pid)
+            pids.add(pid)
         elif process.name == 'chainiter-launcher':
-            pids |= children_of(process.pid)
+            pids |= children_of(pid)
     return pids
+
+
+def _running(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            state = f.read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ('Z', 'X')
 
 
 def shm_files():

@@ -1,11 +1,14 @@
 """Fault injection: every fault ends in the right batches or a clear error,
 promptly, with no process and no shared-memory file left behind."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 
 import pytest
 
@@ -469,3 +472,38 @@ def test_a_warning_raised_as_an_error_loses_no_batch(method):
         expected = [fingerprint(next(ref)) for _ in range(8)]
     assert got == expected
 
+
+def test_deaths_are_reported_while_another_thread_reaps(method, tmp_path):
+    """multiprocessing.active_children(), called by the user (or a library)
+    in another thread, may reap a dead worker first: every death is still
+    reported, once, and no batch is lost.  Under fork and spawn the warning
+    names the signal.  Under forkserver a death's status is one message on
+    a pipe, and when two threads poll the process at once CPython records
+    255 for the one that finds the pipe empty, so only the death is
+    promised there."""
+    stop = threading.Event()
+
+    def poll_children():
+        while not stop.is_set():
+            multiprocessing.active_children()
+
+    dataset = helpers.KillsOnceEach(40, range(2, 40, 5), str(tmp_path))
+    poller = threading.Thread(target=poll_children, daemon=True)
+    poller.start()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            with MultiprocessIterator(dataset, 2, n_processes=2,
+                                      n_prefetch=2, shuffle=False,
+                                      start_method=method) as it:
+                got = [int(x[0]) for _ in range(20) for x in next(it)]
+    finally:
+        stop.set()
+        poller.join(10)
+    assert got == list(range(40))
+    deaths = [str(w.message) for w in caught
+              if issubclass(w.category, chainiter.WorkerRestartWarning)]
+    assert len(deaths) == 8, deaths
+    assert all(' died with ' in message for message in deaths), deaths
+    if method != 'forkserver':
+        assert all('signal 9' in message for message in deaths), deaths

@@ -57,6 +57,18 @@ def _worker_args(pool_args, worker_id, conn, parent_pid, by_main_thread):
             parent_pid, max_tasks, by_main_thread)
 
 
+def _exitcode(process):
+    """The exit code of a process that has exited.  Another thread's
+    ``multiprocessing.active_children()`` may have reaped it, and records
+    its status a moment after our own wait found none: wait for that."""
+    deadline = time.monotonic() + 1.0
+    code = process.exitcode
+    while code is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+        code = process.exitcode
+    return code
+
+
 class ProcessLauncher:
 
     def __init__(self, ctx, pool_args):
@@ -90,7 +102,7 @@ class ProcessLauncher:
             launched = self._running.pop(sentinel, None)
             if launched is not None:
                 launched.process.join()
-                launched.exitcode = launched.process.exitcode
+                launched.exitcode = _exitcode(launched.process)
                 out.append(launched)
         return out
 
