@@ -26,6 +26,7 @@ import helpers
 from helpers import (
     AugmentedDataset,
     Examples,
+    Megabyte,
     Pids,
     assert_resume_equivalent,
     fingerprint,
@@ -614,10 +615,10 @@ def test_slots_are_reused_once_the_user_lets_go(method, converter):
         return list(batch)
 
     with MultiprocessIterator(Examples(40, 'tuple'), 4, n_processes=2,
-                              converter=converter,
+                              n_prefetch=1, converter=converter,
                               start_method=method) as it:
         next(it)                       # measures the sizes
-        held = [next(it) for _ in range(8)]   # more than there are slots
+        held = [next(it) for _ in range(8)]   # more than the 3 slots
         assert not all(views_shared_memory(a)
                        for b in held for a in arrays(b)), \
             'with every slot held, batches must come by copy'
@@ -655,3 +656,64 @@ def test_large_tasks_and_results_with_deep_prefetch(method):
             batch = next(it)
             start = step % 5 * 20000
             assert batch == list(range(start, start + 20000))
+
+
+# ---- the self-tuning depth (n_prefetch=None) -------------------------------
+
+def _depth_after_first_batch(dataset, batch_size, n_processes, method,
+                             **kwargs):
+    with MultiprocessIterator(dataset, batch_size, n_processes=n_processes,
+                              seed=0, converter=concat_examples,
+                              start_method=method, **kwargs) as it, \
+            SerialIterator(dataset, batch_size, seed=0) as ref:
+        for _ in range(6):
+            assert fingerprint(next(it)) == fingerprint(
+                concat_examples(next(ref)))
+        return it.stats['prefetch']
+
+
+def test_default_depth_is_deep_for_small_batches(method):
+    """Tiny batches go 16 per worker deep: the processes then rarely
+    wait on each other."""
+    depth = _depth_after_first_batch(Examples(200, 'tuple'), 4, 2, method)
+    assert depth == 32
+
+
+def test_default_depth_stays_shallow_for_big_batches(method):
+    """Big batches go 2 per worker deep (DataLoader's default), even when
+    the budget holds less; deeper only as far as ``prefetch_bytes`` holds
+    the slots (depth + 2: the batch the user holds and the one being
+    handed out)."""
+    depth = _depth_after_first_batch(Megabyte(), 4, 2, method,
+                                     prefetch_bytes=8 * 2 ** 20)
+    assert depth == 4                       # 2 per worker, over the budget
+    depth = _depth_after_first_batch(Megabyte(), 4, 1, method,
+                                     prefetch_bytes=40 * 2 ** 20)
+    assert depth == 40 // 4 - 2              # the budget holds depth + 2
+
+
+def test_explicit_n_prefetch_keeps_its_meaning(method):
+    assert _depth_after_first_batch(Examples(40, 'tuple'), 4, 2, method,
+                                    n_prefetch=3) == 3
+
+
+def test_prefetch_bytes_is_checked():
+    with pytest.raises(ValueError, match='prefetch_bytes'):
+        MultiprocessIterator(Examples(4, 'tuple'), 2, prefetch_bytes=0)
+
+
+def test_stats_count_batches_that_came_by_copy(method):
+    """Held batches keep their slots: with all of them held, later batches
+    come through the socket (slower), and the statistics say so."""
+    dataset = Examples(64, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=1, n_prefetch=1,
+                              seed=0, converter=concat_examples,
+                              start_method=method) as it:
+        held = [next(it) for _ in range(8)]
+        stats = it.stats
+    assert stats['batches'] == 8
+    # The first batch sizes the buffers and the one after it was already
+    # on its way: both by copy; with every batch held, the slots (n_prefetch
+    # + 2 = 3) are used up and the rest come by copy too.
+    assert stats['by_copy'] >= 8 - 3
+    assert len(held) == 8

@@ -70,9 +70,9 @@ def main(argv=None):
                         help='comma-separated worker counts, e.g. 1,2,4')
     parser.add_argument('--loaders', default=','.join(LOADERS),
                         help='comma-separated; chainiter and chainiter-list '
-                             'keep 2 batches per worker in flight (as '
-                             "DataLoader's prefetch_factor=2); chainiter:K "
-                             'keeps K per worker, torch:K is DataLoader with '
+                             'run at the defaults (the self-tuning depth); '
+                             'chainiter:K keeps K batches per worker in '
+                             'flight, torch:K is DataLoader with '
                              'prefetch_factor=K; a :K row is compared with '
                              'torch:K when that runs too')
     parser.add_argument('--compare', choices=['torch'], action='append',

@@ -2,9 +2,9 @@
 LOADER WORKLOAD WORKERS SECONDS`` prints one JSON line.
 
 Loaders:
-    chainiter        MultiprocessIterator, workers stack the batch in shared
-                     memory (converter=concat_examples); n_prefetch is
-                     2 x workers, the batches DataLoader keeps in flight
+    chainiter        MultiprocessIterator at its defaults (the self-tuning
+                     depth), workers stack the batch in shared memory
+                     (converter=concat_examples)
     chainiter-list   MultiprocessIterator's list of examples, then the
                      user's concat_examples
     chainiter:K, chainiter-list:K
@@ -139,11 +139,12 @@ def make_loader(name, workload, workers):
     if base in ('chainiter', 'chainiter-list'):
         import chainiter
         stacked = base == 'chainiter'
-        # By default as many batches in flight as DataLoader's default
-        # (prefetch_factor=2 per worker), so both pipelines are as deep.
+        # The defaults, or :K batches in flight per worker (DataLoader's
+        # prefetch_factor=K).
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
-            n_prefetch=int(factor or 2) * workers, dataset_timeout=None,
+            n_prefetch=int(factor) * workers if factor else None,
+            dataset_timeout=None,
             converter=workload.converter if stacked else None)
         if stacked:
             return it.__next__, it.finalize

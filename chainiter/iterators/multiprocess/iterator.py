@@ -60,11 +60,15 @@ class MultiprocessIterator(DatasetIterator):
             ``SerialIterator``; the batches are the same.
         n_processes (int or None): worker processes (None: the CPUs this
             process may use).
-        n_prefetch (int): batches in flight ahead of the one handed out;
-            each holds a slot of shared memory.  Batches that load in well
-            under a millisecond run much faster with more in flight (e.g.
-            16 per worker: the processes then rarely wait on each other);
-            large batches gain little from more than 2 per worker.
+        n_prefetch (int or None): batches in flight ahead of the one
+            handed out; each holds a slot of shared memory.  None (the
+            default) sizes it from the first batch: 16 per worker for small
+            batches (the processes then rarely wait on each other), fewer
+            as far as ``prefetch_bytes`` requires, never fewer than 2 per
+            worker (as DataLoader).  ``stats['prefetch']`` tells the depth.
+        prefetch_bytes (int): the shared memory the self-tuning depth may
+            use for its slots (the depth + 2: the batch the user holds and
+            the one being handed out); default 256 MiB.
         shared_mem (int or None): bytes of shared memory per example (None:
             measured from the first batch).  Larger examples are still
             delivered, with a ``SharedMemoryWarning``, and the buffers grow.
@@ -85,15 +89,24 @@ class MultiprocessIterator(DatasetIterator):
 
     Arrays handed out may view shared memory; they stay valid and unchanged
     for as long as they are referenced.
+
+    ``stats`` is a dict: ``batches`` handed out, ``by_copy`` of them that
+    came through the socket instead of shared memory (no free slot: batches
+    held by the user or a device prefetcher; the first batch, which sizes
+    the buffers), and ``prefetch``, the depth in use.
     """
+
+    PREFETCH_BYTES = 256 * 2 ** 20
+    MAX_PREFETCH_PER_WORKER = 16
 
     TimeoutWarning = TimeoutWarning
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 n_processes=None, n_prefetch=1, shared_mem=None,
+                 n_processes=None, n_prefetch=None, shared_mem=None,
                  order_sampler=None, dataset_timeout=30.0,
                  maxtasksperchild=None, *, seed=None, converter=None,
-                 start_method=None, worker_init_fn=None):
+                 start_method=None, worker_init_fn=None,
+                 prefetch_bytes=PREFETCH_BYTES):
         self._pool = None
         if n_processes is None:
             n_processes = len(os.sched_getaffinity(0)) if hasattr(
@@ -101,7 +114,10 @@ class MultiprocessIterator(DatasetIterator):
         n_processes = _args.positive_int(
             'n_processes', n_processes,
             hint='; use SerialIterator to load in the main process')
-        n_prefetch = _args.positive_int('n_prefetch', n_prefetch)
+        n_prefetch = _args.positive_int('n_prefetch', n_prefetch,
+                                        allow_none=True)
+        prefetch_bytes = _args.positive_int(
+            'prefetch_bytes', prefetch_bytes, hint=' (bytes)')
         shared_mem = _args.positive_int(
             'shared_mem', shared_mem, allow_none=True,
             hint=' (bytes per example)')
@@ -114,6 +130,7 @@ class MultiprocessIterator(DatasetIterator):
                          seed)
         self.n_processes = n_processes
         self.n_prefetch = n_prefetch
+        self.prefetch_bytes = prefetch_bytes
         self.shared_mem = shared_mem
         self.dataset_timeout = dataset_timeout
         self.maxtasksperchild = maxtasksperchild
@@ -130,13 +147,35 @@ class MultiprocessIterator(DatasetIterator):
             if worker_init_fn is not None:
                 _check_picklable(worker_init_fn, 'worker_init_fn', method)
         self.start_method = method
-        self._prefetch_depth = n_prefetch
+        self._max_depth = n_prefetch or \
+            self.MAX_PREFETCH_PER_WORKER * n_processes
+        # Until the first batch is measured, 1: that batch is then split
+        # among the workers and arrives soonest.
+        self._prefetch_depth = n_prefetch or 1
+        self._stats = {'batches': 0, 'by_copy': 0}
         self._start_transport()
         self._start_pool()
+        if self._pool.slots.layout is not None:      # from shared_mem
+            self._tune_depth(self._pool.slots.layout.slot_bytes)
         # Until the first batch has sized the buffers, batches travel
         # through the socket: send only that one, the rest follow it.
-        self._dispatch_until(n_prefetch if self._pool.slots.layout is not None
-                             else 1)
+        self._dispatch_until(self._prefetch_depth
+                             if self._pool.slots.layout is not None else 1)
+
+    @property
+    def stats(self):
+        return dict(self._stats, prefetch=self._prefetch_depth)
+
+    def _tune_depth(self, slot_bytes):
+        """The self-tuning depth, from the size of a batch's slot."""
+        if self.n_prefetch is not None:
+            return
+        n = self.n_processes
+        fits = self.prefetch_bytes // max(slot_bytes, 1) - 2
+        depth = max(2 * n, min(self._max_depth, fits))
+        if depth != self._prefetch_depth:
+            self._prefetch_depth = depth
+            self._pool.set_depth(depth)
 
     def _start_transport(self):
         # The workers start with the first batch (at once when built, at
@@ -146,7 +185,7 @@ class MultiprocessIterator(DatasetIterator):
         self._finalizer = None
 
     def _start_pool(self):
-        slots = SlotPool(self.n_prefetch + 2, self.batch_size, self._stacked,
+        slots = SlotPool(self._max_depth + 2, self.batch_size, self._stacked,
                          self._padding, self.shared_mem)
         if self.shared_mem is not None and not self._stacked:
             # Before any worker starts: they get it as they start.
@@ -155,7 +194,7 @@ class MultiprocessIterator(DatasetIterator):
         self._pool = Pool(multiprocessing.get_context(self.start_method),
                           self.dataset, self.n_processes, self._seed,
                           self.worker_init_fn, self.maxtasksperchild,
-                          self.n_prefetch, slots)
+                          self._prefetch_depth, slots)
         self._finalizer = weakref.finalize(self, self._pool.close)
 
     def _transport_attributes(self):
@@ -198,10 +237,14 @@ class MultiprocessIterator(DatasetIterator):
                 raise remote.rebuild_error(result.error)
         chunks = [result.metas for result in results]
         exporter = pool.hand_out(batch)
+        self._stats['batches'] += 1
         if exporter is None:     # the batch came through the socket
+            self._stats['by_copy'] += 1
             examples = [meta.example for chunk in chunks for meta in chunk]
             if pool.slots.layout is None:
                 self._fit_buffers(examples, None, ())
+                layout = pool.slots.layout
+                self._tune_depth(0 if layout is None else layout.slot_bytes)
             return self._convert(examples)
         layout = batch.buffers.layout
         stacked, examples, oversize = read.read_batch(
@@ -244,6 +287,7 @@ class MultiprocessIterator(DatasetIterator):
             return
         try:
             self._pool.use_layout(new)
+            self._tune_depth(new.slot_bytes)
         except MemoryError as e:
             # The old buffers stay; larger examples keep coming by copy.
             slots.cannot_grow = True

@@ -242,6 +242,11 @@ class Pool:
             self.book.new_generation()
         self.receiver.want()
 
+    def set_depth(self, depth):
+        """Batches in flight from now on (the chunking follows it)."""
+        with self.lock:
+            self.book.n_prefetch = depth
+
     def use_layout(self, layout):
         """Switch to buffers for ``layout`` (MemoryError: no room)."""
         with self.lock:
