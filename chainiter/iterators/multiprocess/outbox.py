@@ -28,7 +28,11 @@ class Outbox:
     def __init__(self, conn):
         self._fd = conn.fileno()
         os.set_blocking(self._fd, False)
-        self._sock = None               # for passing descriptors
+        # A socket object on the same connection, for passing descriptors
+        # and for the shutdown.  Made here, not where an interrupt may land
+        # between its making and its use (it would be dropped unclosed).
+        self._sock = socket.socket(fileno=os.dup(self._fd))
+        self._sock.setblocking(False)
         # [memoryview, None or the owner of a descriptor to pass]
         self._items = collections.deque()
         self._lock = threading.Lock()
@@ -115,9 +119,6 @@ class Outbox:
         return True
 
     def _send_fd(self, data, fd):
-        if self._sock is None:
-            self._sock = socket.socket(fileno=os.dup(self._fd))
-            self._sock.setblocking(False)
         n = self._sock.sendmsg([data], [(socket.SOL_SOCKET,
                                          socket.SCM_RIGHTS,
                                          array.array('i', [fd]))])
@@ -129,20 +130,24 @@ class Outbox:
         with self._lock:
             self.dead = True
             self._drop()
-            try:
-                with socket.socket(fileno=os.dup(self._fd)) as sock:
-                    sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+            if self._sock is not None:
+                try:
+                    self._sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                self._close_socket()
 
     def close(self):
         """Drop what waits (the worker is gone or going)."""
         with self._lock:
             self.dead = True
             self._drop()
+            self._close_socket()
 
     def _drop(self):
         self._items.clear()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+
+    def _close_socket(self):
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
