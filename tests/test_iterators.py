@@ -276,6 +276,19 @@ def test_sampler_turning_bad_at_epoch_end(make):
             next(it)
 
 
+@pytest.mark.parametrize('bad', [[0, 1], [0, 1, 2, 3], [0, 1, 3], [-1, 0, 1]],
+                         ids=['short', 'long', 'too-large', 'negative'])
+def test_sampler_bad_at_an_epoch_boundary(make, bad):
+    orders = [numpy.arange(3), numpy.array(bad)]
+
+    def sampler(order, position):
+        return orders.pop(0)
+
+    with make(list(range(3)), 3, order_sampler=sampler) as it:
+        with pytest.raises(ValueError, match='order sampler'):
+            next(it)     # the batch that ends the epoch asks for the next
+
+
 def test_multithread_bad_n_threads():
     with pytest.raises(ValueError, match='n_threads'):
         MultithreadIterator([1], 1, n_threads=0)

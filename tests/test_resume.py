@@ -102,8 +102,9 @@ def test_npz_snapshot_loads_without_pickle(tmp_path):
     with numpy.load(path, allow_pickle=False) as npz:
         keys = set(npz.files)
         assert all(npz[key].dtype != object for key in keys)
-    assert {'current_position', 'epoch', 'is_new_epoch', 'order',
+    assert {'current_position', 'epoch', 'is_new_epoch', 'seeded_order',
             'previous_epoch_detail', 'format_version', 'seed'} <= keys
+    assert 'order' not in keys      # it follows from the seed
 
 
 def test_prefetched_batches_are_not_in_the_snapshot():

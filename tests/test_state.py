@@ -123,14 +123,3 @@ def test_state_is_not_mutated():
     assert state == IteratorState(0, 0, False, order)
     assert list(order) == [1, 0, 2]
     assert new_state.epoch == 1
-
-
-@pytest.mark.parametrize('bad', [
-    numpy.array([0, 1]), numpy.array([0, 1, 2, 3]), numpy.array([0, 1, 3]),
-    numpy.array([-1, 0, 1])])
-def test_sampler_returning_bad_order_is_an_error(bad):
-    def sampler(order, position, epoch):
-        return bad, None
-    state = IteratorState(0, 0, False, numpy.arange(3))
-    with pytest.raises(ValueError, match='order sampler'):
-        advance(state, 3, True, 3, sampler)

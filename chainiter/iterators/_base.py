@@ -30,8 +30,9 @@ from chainiter.errors import (
 from chainiter.iterators import _args, _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
-#: Version of the snapshot layout written by ``serialize``.
-SNAPSHOT_FORMAT_VERSION = 2
+#: Version of the snapshot layout written by ``serialize`` (3: a seeded
+#: shuffle's order is named by ``seeded_order``, not stored).
+SNAPSHOT_FORMAT_VERSION = 3
 
 
 class _Root:
@@ -145,6 +146,10 @@ class DatasetIterator(Iterator):
 
     _prefetch_depth = 0
 
+    #: Write the epoch's order into snapshots even when it follows from the
+    #: seed (8 bytes an example), so that Chainer's iterators can load them.
+    save_order = False
+
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
                  order_sampler=None, seed=None):
         _chainer_compat.adopt_if_loaded()
@@ -205,17 +210,19 @@ class DatasetIterator(Iterator):
             return _state.IteratorState(0, 0, False, order,
                                         sampler_state=self._capture_sampler())
         if self._shuffle:
-            order = order_samplers.seeded_order(self._pass_seed, 0, n)
-            order.flags.writeable = False
-            return _state.IteratorState(0, 0, False, order)
+            return _state.IteratorState(0, 0, False, self._seeded(0))
         return _state.IteratorState(0, 0, False, None)
+
+    def _seeded(self, epoch):
+        return order_samplers.SeededPermutation(
+            self._pass_seed, epoch, len(self.dataset))
 
     def _next_order(self, order, position, epoch):
         if self.order_sampler is not None:
-            return (self.order_sampler(order, position),
-                    self._capture_sampler())
-        return order_samplers.seeded_order(
-            self._pass_seed, epoch, len(order)), None
+            new = _state.check_order(self.order_sampler(order, position),
+                                     len(self.dataset), len(order))
+            return new, self._capture_sampler()
+        return self._seeded(epoch), None
 
     def _capture_sampler(self):
         serialize = getattr(self.order_sampler, 'serialize', None)
@@ -380,7 +387,11 @@ class DatasetIterator(Iterator):
         serializer('current_position', state.current_position)
         serializer('epoch', state.epoch)
         serializer('is_new_epoch', state.is_new_epoch)
-        if state.order is not None:
+        if isinstance(state.order, order_samplers.SeededPermutation):
+            serializer('seeded_order', True)
+            if self.save_order:
+                serializer('order', numpy.asarray(state.order))
+        elif state.order is not None:
             serializer('order', state.order)
         serializer('previous_epoch_detail', state.previous_epoch_detail)
         serializer('seed', self._seed)
@@ -426,11 +437,20 @@ class DatasetIterator(Iterator):
         position = _integer(required('current_position'), 'current_position')
         epoch = _integer(required('epoch'), 'epoch')
         is_new_epoch = _flag(required('is_new_epoch'), 'is_new_epoch')
+        seeded = read('seeded_order')
+        seeded = seeded is not None and _flag(seeded, 'seeded_order')
         order = read('order')
         if order is None:
             order = read('_order')
+        if seeded and not self._shuffle:
+            raise SnapshotMismatchError(
+                'the snapshot was written by an iterator whose order follows '
+                'from its seed (shuffle=True), but this iterator {}; build '
+                'it with shuffle=True and no order_sampler to load it'.format(
+                    'uses an order_sampler' if self.order_sampler is not None
+                    else 'does not shuffle'))
         shuffles = self._shuffle or self.order_sampler is not None
-        if order is None and shuffles:
+        if order is None and shuffles and not seeded:
             raise SnapshotMismatchError(
                 'the snapshot has no order, so it was written by an iterator '
                 'that does not shuffle; this one shuffles. Build the iterator '
@@ -484,6 +504,18 @@ class DatasetIterator(Iterator):
                     'iterator\'s order sampler ({}: {})'.format(
                         type(e).__name__, e)) from e
             sampler_state = self._capture_sampler()
+        if seeded:
+            if seed is None:
+                raise SnapshotMismatchError(
+                    'the snapshot says its order follows from the seed, but '
+                    'it holds no seed')
+            derived = order_samplers.SeededPermutation(
+                order_samplers.pass_seed(seed, resets), epoch, n)
+            if order is not None and not numpy.array_equal(order, derived):
+                raise SnapshotMismatchError(
+                    'the snapshot\'s order is not the one its seed gives for '
+                    'epoch {}; the snapshot is corrupt'.format(epoch))
+            order = derived
         # Everything fits: adopt it.
         self._drop_pending()
         if seed is not None:

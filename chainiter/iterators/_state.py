@@ -23,15 +23,17 @@ NO_PREVIOUS_EPOCH_DETAIL = -1.0
 class IteratorState(typing.NamedTuple):
     """Where an iterator stands.  Never mutated; ``advance`` returns a new one.
 
-    ``order`` is the current epoch's permutation, or ``None`` for the
-    identity order.  ``sampler_state`` is the flattened state of a stateful
+    ``order`` is the current epoch's order (a ``SeededPermutation`` for a
+    seeded shuffle, an array from an order sampler or a snapshot), or
+    ``None`` for the identity order: anything with ``len()`` whose slices
+    are index arrays.  ``sampler_state`` is the flattened state of a stateful
     order sampler right after it produced ``order`` (or ``None``), so that a
     snapshot restores the sampler to the point that matches the position.
     """
     current_position: int
     epoch: int
     is_new_epoch: bool
-    order: typing.Optional[numpy.ndarray]
+    order: typing.Any
     previous_epoch_detail: float = NO_PREVIOUS_EPOCH_DETAIL
     sampler_state: typing.Optional[dict] = None
 
@@ -82,8 +84,9 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         dataset_len: the dataset length (used when ``state.order`` is None).
         next_order: ``next_order(order, position, new_epoch)`` (the order
             and position the epoch ends at) returns ``(order,
-            sampler_state)`` for the epoch ``new_epoch``;
-            called only when ``state.order`` is not None.
+            sampler_state)`` for the epoch ``new_epoch``, an order as long
+            as the last (it validates what it returns); called only when
+            ``state.order`` is not None.
 
     Returns:
         ``(new_state, step)``, or ``(state, None)`` when a non-repeating
@@ -109,7 +112,6 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         parts.append((epoch, i, n, order))
         if order is not None:
             order, sampler_state = next_order(order, i, epoch + 1)
-            order = check_order(order, dataset_len, n)
         i = 0
         i_end = i_end - n if repeat else 0
         epoch += 1

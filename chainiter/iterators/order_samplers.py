@@ -6,9 +6,13 @@ built or reset (with ``numpy.arange(len(dataset))`` and 0) and once at every
 epoch boundary.  A sampler with a ``serialize(serializer)`` method has its
 state written into the iterator's snapshots.
 
-Without an order sampler, a shuffling iterator uses ``seeded_order``: epoch
-``e``'s permutation is a pure function of ``(seed, e)``, so a snapshot only
-needs the seed and the epoch, and prefetching never advances hidden RNG state.
+Without an order sampler, a shuffling iterator uses ``SeededPermutation``:
+epoch ``e``'s permutation is a pure function of ``(seed, e)``, so a snapshot
+only needs the seed and the epoch, and prefetching never advances hidden RNG
+state.  The permutation is never held as an array: the index at any position
+is computed when a batch asks for it (a keyed Feistel network over the
+positions), so memory, snapshots and the epoch boundary cost the same for ten
+examples or a billion.
 """
 
 import numpy
@@ -85,11 +89,146 @@ def pass_seed(seed, resets):
     return int(words[0]) >> 1
 
 
+_FEISTEL_ROUNDS = 6
+_MIX1 = numpy.uint64(0xbf58476d1ce4e5b9)
+_MIX2 = numpy.uint64(0x94d049bb133111eb)
+_S30, _S27, _S31 = numpy.uint64(30), numpy.uint64(27), numpy.uint64(31)
+
+
+def _mix(z):
+    """A 64-bit hash of each element (splitmix64's finaliser), in place."""
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
+    return z
+
+
+class SeededPermutation:
+    """Epoch ``epoch``'s permutation of ``range(n)`` for ``seed``, computed
+    position by position.
+
+    ``perm[a:b]`` (or ``perm.take(positions)``) gives the dataset indices at
+    those positions; ``len(perm)`` is ``n``; ``numpy.asarray(perm)`` makes
+    the whole array (only for those who need one, e.g. a snapshot Chainer
+    must load).  Nothing of size ``n`` is ever stored.
+
+    The positions ``0...n-1`` are split as ``x = hi * b + lo`` over a grid of
+    ``a * b >= n`` cells (``a = ceil(sqrt(n))``, ``b = ceil(n / a)``), and a
+    six-round Feistel network with modular addition, keyed from ``(seed,
+    epoch)``, shuffles the grid; the few cells past ``n`` (fewer than ``a``)
+    are walked on until they land inside.  Every round is a bijection of the
+    grid, so the result is a permutation for every key.
+
+    Batches ask for neighbouring positions, so the indices are computed a
+    block at a time and the last block is kept.
+    """
+
+    def __init__(self, seed, epoch, n, block=4096):
+        self.seed = int(seed)
+        self.epoch = int(epoch)
+        self.n = int(n)
+        self.block = int(block)
+        a = max(1, int(numpy.ceil(numpy.sqrt(self.n))))
+        while (a - 1) * (a - 1) >= self.n and a > 1:   # float rounding
+            a -= 1
+        self._radix = (a, max(1, -(-self.n // a)))
+        self._keys = numpy.random.SeedSequence(
+            [self.seed, _ORDER_STREAM, self.epoch]).generate_state(
+                _FEISTEL_ROUNDS, numpy.uint64)
+        self._cached = (0, None)      # (first position, indices) of a block
+
+    def __len__(self):
+        return self.n
+
+    def __repr__(self):
+        return 'SeededPermutation(seed={}, epoch={}, n={})'.format(
+            self.seed, self.epoch, self.n)
+
+    def __eq__(self, other):
+        return isinstance(other, SeededPermutation) and (
+            self.seed, self.epoch, self.n) == (other.seed, other.epoch,
+                                               other.n)
+
+    def __hash__(self):
+        return hash((self.seed, self.epoch, self.n))
+
+    def __reduce__(self):
+        return type(self), (self.seed, self.epoch, self.n, self.block)
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self.take(numpy.arange(self.n, dtype=numpy.int64))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, stride = key.indices(self.n)
+            if stride == 1:
+                return self._span(start, max(start, stop))
+            return self.take(numpy.arange(start, stop, stride))
+        if isinstance(key, (int, numpy.integer)):
+            position = int(key) + (self.n if key < 0 else 0)
+            if not 0 <= position < self.n:
+                raise IndexError('position {} is out of range for a '
+                                 'permutation of {}'.format(key, self.n))
+            return int(self.take(numpy.array([position]))[0])
+        return self.take(key)
+
+    def _span(self, start, stop):
+        first, cached = self._cached
+        if cached is not None and first <= start and \
+                stop <= first + len(cached):
+            return cached[start - first:stop - first]
+        if stop - start > self.block:
+            return self.take(numpy.arange(start, stop))
+        first = start - start % self.block
+        end = min(self.n, max(first + self.block, stop))
+        if stop > first + self.block:     # straddles two blocks
+            first = start
+            end = min(self.n, start + self.block)
+        cached = self.take(numpy.arange(first, end))
+        cached.flags.writeable = False
+        self._cached = (first, cached)
+        return cached[start - first:stop - first]
+
+    def take(self, positions):
+        """The indices at ``positions`` (integers in ``[0, n)``)."""
+        positions = numpy.asarray(positions)
+        if positions.size and (positions.min() < 0 or
+                               positions.max() >= self.n):
+            raise IndexError('positions must lie in [0, {})'.format(self.n))
+        x = self._shuffle_grid(positions.astype(numpy.uint64).ravel())
+        n = numpy.uint64(self.n)
+        outside = numpy.flatnonzero(x >= n)
+        while outside.size:       # walk the cells past n back inside
+            x[outside] = self._shuffle_grid(x[outside])
+            outside = outside[x[outside] >= n]
+        return x.astype(numpy.intp).reshape(positions.shape)
+
+    def _shuffle_grid(self, x):
+        a, b = (numpy.uint64(r) for r in self._radix)
+        # x = hi * b + lo, hi in [0, a), lo in [0, b); each round maps
+        # (hi, lo) to (lo, (hi + F(lo)) mod a) and the radices swap.
+        mixed = numpy.empty_like(x)
+        for key in self._keys:
+            hi, lo = numpy.divmod(x, b)
+            numpy.bitwise_xor(lo, key, out=mixed)
+            _mix(mixed)
+            mixed %= a
+            mixed += hi
+            mixed %= a
+            lo *= a
+            lo += mixed
+            x = lo
+            a, b = b, a
+        return x
+
+
 def seeded_order(seed, epoch, n):
-    """Epoch ``epoch``'s permutation of ``range(n)`` for ``seed``."""
-    rng = numpy.random.Generator(numpy.random.PCG64(
-        numpy.random.SeedSequence([seed, _ORDER_STREAM, epoch])))
-    return rng.permutation(n)
+    """Epoch ``epoch``'s permutation of ``range(n)`` for ``seed``, as an
+    array (``SeededPermutation`` computes any part of it without one)."""
+    return numpy.asarray(SeededPermutation(seed, epoch, n))
 
 
 def example_generator(seed, epoch, position):
