@@ -1,0 +1,269 @@
+"""``python -m chainiter.bench.scale``: how a loader's costs grow with the
+length of the dataset.
+
+For datasets of N trivial examples (example ``i`` is ``i``), batch 256,
+shuffled, 2 fork workers, each figure in a fresh process (medians of the
+repeats), it prints:
+
+- construct: building the loader;
+- boundary: the slowest ``next()`` of the 8 batches on each side of an
+  epoch boundary, against the median ``next()`` there, with a 2 ms training
+  step between batches (chainiter jumps to
+  8 batches before the end with a snapshot; DataLoader starts its next epoch
+  with ``iter()``, as its epoch loop does);
+- extra memory: how much the main process's RSS grew across the boundary;
+- tree PSS: the memory of the main process and its workers together, after
+  the boundary;
+- snapshot: the compressed size of the loader's state, and the time to save
+  and to load it (chainiter: ``save_npz``; torchdata's
+  ``StatefulDataLoader.state_dict()`` pickled, where installed; DataLoader
+  has no state).
+
+``--compare torch`` adds PyTorch's DataLoader (and torchdata's
+StatefulDataLoader where installed).
+"""
+
+import argparse
+import gc
+import io
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy
+
+BATCH = 256
+WORKERS = 2
+AROUND = 8        # batches measured on each side of the boundary
+STEP_S = 0.002    # a training step between batches (the GPU's turn)
+
+
+class Trivial:
+    """N examples; example ``i`` is ``numpy.int64(i)``: nothing stored."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return numpy.int64(i)
+
+
+def _rss_bytes():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def _tree_pss():
+    from chainiter.bench.runner import _descendants, _pss_bytes
+    return sum(_pss_bytes(pid) for pid in _descendants(os.getpid()))
+
+
+def _timed_nexts(it, count):
+    """Time ``count`` calls of ``next(it)``, each after a training step, so
+    that a loader keeping up shows only its own cost in ``next()``."""
+    times = []
+    for _ in range(count):
+        time.sleep(STEP_S)
+        t = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _boundary(times_before, times_after):
+    median = statistics.median(times_before + times_after)
+    return max(times_before + times_after), median
+
+
+def measure_chainiter(n):
+    import chainiter
+    from chainiter.serializers import load_npz, save_npz
+    out = {}
+    t = time.perf_counter()
+    it = chainiter.MultiprocessIterator(
+        Trivial(n), BATCH, n_processes=WORKERS, seed=0, start_method='fork',
+        converter=chainiter.concat_examples)
+    out['construct_s'] = time.perf_counter() - t
+    with it:
+        next(it)
+        state = it.state_dict()
+        state['current_position'] = n - AROUND * BATCH
+        it.load_state_dict(state)
+        _timed_nexts(it, 2)                 # the pipeline refills
+        gc.collect()
+        rss = _rss_bytes()
+        before = _timed_nexts(it, AROUND - 2)
+        after = _timed_nexts(it, AROUND)
+        assert it.epoch == 1
+        out['boundary_max_s'], out['next_median_s'] = _boundary(before, after)
+        out['extra_rss'] = _rss_bytes() - rss
+        out['tree_pss'] = _tree_pss()
+        f = io.BytesIO()
+        t = time.perf_counter()
+        save_npz(f, it)
+        out['save_s'] = time.perf_counter() - t
+        out['snapshot_bytes'] = len(f.getvalue())
+    with chainiter.SerialIterator(Trivial(n), BATCH) as other:
+        f.seek(0)
+        t = time.perf_counter()
+        load_npz(f, other)
+        out['load_s'] = time.perf_counter() - t
+    return out
+
+
+def measure_torch(n, stateful=False):
+    import torch.utils.data
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader as make
+    else:
+        make = torch.utils.data.DataLoader
+    out = {}
+    t = time.perf_counter()
+    loader = make(Trivial(n), BATCH, shuffle=True, num_workers=WORKERS,
+                  persistent_workers=True,
+                  multiprocessing_context='fork')
+    out['construct_s'] = time.perf_counter() - t
+    it = iter(loader)
+    next(it)
+    before = _timed_nexts(it, AROUND)
+    gc.collect()
+    rss = _rss_bytes()
+    # The next epoch, as `for epoch ...: for batch in loader` starts it.
+    t = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    after = [time.perf_counter() - t] + _timed_nexts(it, AROUND - 1)
+    out['boundary_max_s'], out['next_median_s'] = _boundary(before, after)
+    out['extra_rss'] = _rss_bytes() - rss
+    out['tree_pss'] = _tree_pss()
+    if stateful:
+        t = time.perf_counter()
+        blob = pickle.dumps(loader.state_dict())
+        f = io.BytesIO()
+        numpy.savez_compressed(f, state=numpy.frombuffer(blob, numpy.uint8))
+        out['save_s'] = time.perf_counter() - t
+        out['snapshot_bytes'] = len(f.getvalue())
+        other = make(Trivial(n), BATCH, shuffle=True, num_workers=0)
+        t = time.perf_counter()
+        other.load_state_dict(pickle.loads(blob))
+        iter(other)
+        out['load_s'] = time.perf_counter() - t
+    del it, loader
+    return out
+
+
+MEASURES = {
+    'chainiter': measure_chainiter,
+    'torch': measure_torch,
+    'torch-stateful': lambda n: measure_torch(n, stateful=True),
+}
+
+
+def run_one(loader, n):
+    cmd = [sys.executable, '-m', 'chainiter.bench.scale', '--one', loader,
+           str(n)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError('{} at N={} failed:\n{}'.format(
+            loader, n, done.stderr[-3000:]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _loaders(compare):
+    loaders = ['chainiter']
+    if 'torch' in compare:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            sys.exit('--compare torch: torch is not installed (pip install '
+                     'torch)')
+        loaders.append('torch')
+        try:
+            import torchdata.stateful_dataloader  # noqa: F401
+            loaders.append('torch-stateful')
+        except ImportError:
+            pass
+    return loaders
+
+
+def _size(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value < BATCH * 2 * AROUND or not value.is_integer():
+        raise argparse.ArgumentTypeError(
+            'sizes are whole numbers of at least {} (e.g. 1e6,1e7), got '
+            '{!r}'.format(BATCH * 2 * AROUND, text))
+    return int(value)
+
+
+def _mib(n_bytes):
+    return '{:.1f} MiB'.format(n_bytes / 2 ** 20)
+
+
+def _format(row):
+    def ms(key):
+        return '{:.1f} ms'.format(row[key] * 1e3) if key in row else '-'
+    snapshot = (_mib(row['snapshot_bytes']) if row['snapshot_bytes'] >= 2 **
+                20 else '{:.1f} KiB'.format(row['snapshot_bytes'] / 1024)) \
+        if 'snapshot_bytes' in row else '-'
+    return [ms('construct_s'),
+            '{} ({:.1f}x)'.format(ms('boundary_max_s'),
+                                  row['boundary_max_s'] / row['next_median_s']),
+            ms('next_median_s'), _mib(row['extra_rss']), _mib(row['tree_pss']),
+            snapshot, ms('save_s'), ms('load_s')]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog='python -m chainiter.bench.scale',
+        description=__doc__.split('\n\n')[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('--sizes', default='1e6,1e7,1e8',
+                        help='dataset lengths, comma-separated')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='fresh processes per figure (medians shown)')
+    parser.add_argument('--compare', default='',
+                        help='"torch": add DataLoader (and torchdata\'s '
+                        'StatefulDataLoader where installed)')
+    parser.add_argument('--one', nargs=2, metavar=('LOADER', 'N'),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        loader, n = args.one
+        print(json.dumps(MEASURES[loader](int(n))))
+        return
+    try:
+        sizes = [_size(s) for s in args.sizes.split(',')]
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    if args.repeats < 1:
+        parser.error('--repeats must be at least 1')
+    loaders = _loaders(args.compare)
+    header = ['loader', 'N', 'construct', 'slowest next() at the boundary '
+              '(x median)', 'median next()', 'extra memory', 'tree PSS',
+              'snapshot', 'save', 'load']
+    print(' | '.join(header))
+    print(' | '.join('---' for _ in header))
+    for n in sizes:
+        runs = {loader: [] for loader in loaders}
+        for _ in range(args.repeats):
+            for loader in loaders:       # interleaved
+                runs[loader].append(run_one(loader, n))
+        for loader in loaders:
+            row = {key: statistics.median(r[key] for r in runs[loader])
+                   for key in runs[loader][0]}
+            print(' | '.join([loader, '{:.0e}'.format(n)] + _format(row)),
+                  flush=True)
+
+
+if __name__ == '__main__':
+    main()
