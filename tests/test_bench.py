@@ -70,3 +70,54 @@ def test_memory_is_summed_over_the_worker_processes():
         found = set(runner._descendants(os.getpid()))
         assert pids | {os.getpid()} <= found
         assert found == set(runner._descendants_by_scan(os.getpid()))
+
+
+def run_bench(*args, timeout=60):
+    return subprocess.run([sys.executable, '-m', 'chainiter.bench'] +
+                          list(args), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize('args, names', [
+    (['--dataset', 'mymodule'], ['mymodule', 'module:function']),
+    (['--dataset', 'chainiter.bench.workloads:NoSuch'],
+     ['NoSuch', 'module:function']),
+    (['--dataset', 'no_such_module_for_chainiter:make'],
+     ['no_such_module_for_chainiter']),
+    (['--workloads', 'tiny,nosuch'], ['nosuch', 'images, tiny']),
+    (['--loaders', 'chainiter,nosuch'], ['nosuch', 'chainiter-list']),
+    (['--loaders', 'serial:4'], ['serial:4', 'NAME:K']),
+    (['--loaders', 'chainiter:x'], ['chainiter:x', 'NAME:K']),
+    (['--workers', '2,x'], ['2,x', '1,2,4']),
+    (['--workers', '0'], ["'0'", '1,2,4']),
+    (['--workloads', ''], ['nothing to run', '--dataset'])])
+def test_bench_argument_errors_stop_before_anything_runs(args, names):
+    out = run_bench('--smoke', *args)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ''            # no table
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'memcpy' not in out.stderr, out.stderr
+    assert lines[0].startswith('python -m chainiter.bench: error: ')
+    for name in names:
+        assert name in lines[0]
+
+
+def test_bench_user_dataset_alone_runs_only_that_dataset():
+    out = run_bench('--smoke', '--dataset', 'chainiter.bench.workloads:Tiny',
+                    '--batch-size', '8', '--loaders', 'serial')
+    assert out.returncode == 0, out.stderr
+    rows = [line.split('|') for line in out.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| workload |')]
+    assert [row[1].strip() for row in rows] == [
+        'chainiter.bench.workloads:Tiny']
+
+
+def test_bench_help_shows_the_defaults():
+    out = run_bench('--help', timeout=30)
+    assert out.returncode == 0, out.stderr
+    text = ' '.join(out.stdout.split())     # undo argparse's wrapping
+    assert '(default: 2)' in text                               # --workers
+    assert '(default: chainiter,chainiter-list,serial)' in text  # --loaders
+    assert '(default: 3)' in text                               # --repeats
+    assert '(default: 3.0)' in text                             # --seconds
+    assert 'none when --dataset is given' in text

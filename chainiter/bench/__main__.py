@@ -15,9 +15,9 @@ import time
 
 import numpy
 
-from chainiter.bench import workloads
+from chainiter.bench import runner, workloads
 
-LOADERS = ['chainiter', 'chainiter-list', 'serial']
+DEFAULT_LOADERS = ['chainiter', 'chainiter-list', 'serial']
 
 
 def memcpy_bandwidth(n_bytes=256 * 2 ** 20, repeats=5):
@@ -56,51 +56,113 @@ def run_one(loader, workload, workers, seconds, warmup, batch_size):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None):
+def _worker_counts(text):
+    counts = [w.strip() for w in text.split(',')]
+    if not all(w.isdigit() and int(w) > 0 for w in counts):
+        raise ValueError('--workers takes comma-separated positive integers, '
+                         'e.g. 1,2,4; got {!r}'.format(text))
+    return [int(w) for w in counts]
+
+
+def parse_args(argv=None):
+    """The arguments, every one checked: a wrong one ends the program with
+    status 2 and one line saying what was wrong and the right form, before
+    anything runs."""
     parser = argparse.ArgumentParser(
         prog='python -m chainiter.bench', description=__doc__.split('\n\n')[0])
-    parser.add_argument('--workloads', default='images,tiny,cpu,variable',
-                        help='comma-separated built-in workloads')
+    parser.add_argument('--workloads', default=None,
+                        help='comma-separated built-in workloads, of {} '
+                             '(default: all of them, none when --dataset '
+                             'is given)'.format(
+                                 ', '.join(workloads.WORKLOADS)))
     parser.add_argument('--dataset', action='append', default=[],
                         help='your own workload: module:function returning '
                              'a dataset (repeatable)')
     parser.add_argument('--batch-size', type=int, default=None,
-                        help='override the batch size')
+                        help='override the batch size (default: each '
+                             'workload\'s own, 32 for --dataset)')
     parser.add_argument('--workers', default='2',
-                        help='comma-separated worker counts, e.g. 1,2,4')
-    parser.add_argument('--loaders', default=','.join(LOADERS),
+                        help='comma-separated worker counts, e.g. 1,2,4 '
+                             '(default: %(default)s)')
+    parser.add_argument('--loaders', default=','.join(DEFAULT_LOADERS),
                         help='comma-separated; chainiter and chainiter-list '
                              'run at the defaults (the self-tuning depth); '
                              'chainiter:K keeps K batches per worker in '
                              'flight, torch:K is DataLoader with '
                              'prefetch_factor=K; a :K row is compared with '
-                             'torch:K when that runs too')
+                             'torch:K when that runs too (default: '
+                             '%(default)s)')
     parser.add_argument('--compare', choices=['torch'], action='append',
                         default=[], help='also run this peer')
-    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='runs of each loader (default: %(default)s)')
     parser.add_argument('--seconds', type=float, default=3.0,
-                        help='measured time per run, after warm-up')
-    parser.add_argument('--warmup', type=float, default=1.0)
+                        help='measured time per run, after warm-up '
+                             '(default: %(default)s)')
+    parser.add_argument('--warmup', type=float, default=1.0,
+                        help='seconds of warm-up per run (default: '
+                             '%(default)s)')
     parser.add_argument('--smoke', action='store_true',
                         help='a quick check that everything runs (tiny '
                              'durations, one repeat); its figures mean '
                              'nothing')
     args = parser.parse_args(argv)
+    try:
+        _check(args)
+    except ValueError as e:
+        parser.exit(2, '{}: error: {}\n'.format(parser.prog, e))
+    return args
 
+
+def _check(args):
+    """Completes ``args`` (names, loaders, worker_counts); ``ValueError``
+    for the first argument that is wrong."""
     if args.smoke:
         args.repeats, args.seconds, args.warmup = 1, 0.05, 0.0
-    names = [w for w in args.workloads.split(',') if w] + args.dataset
+    if args.workloads is None:
+        # Your own dataset alone, unless you also ask for built-ins.
+        args.workloads = '' if args.dataset else ','.join(workloads.WORKLOADS)
+    args.names = [w for w in args.workloads.split(',') if w] + args.dataset
+    if not args.names:
+        raise ValueError('nothing to run: pass --workloads with some of {}, '
+                         'or --dataset module:function'.format(
+                             ', '.join(workloads.WORKLOADS)))
+    for name in args.workloads.split(','):
+        if name:
+            workloads.check(name)
+    for spec in args.dataset:
+        workloads.user_function(spec)
     # Each once, in order: a loader also given as --compare runs once.
-    loaders = list(dict.fromkeys(
+    args.loaders = list(dict.fromkeys(
         [x for x in args.loaders.split(',') if x] + args.compare))
-    worker_counts = [int(w) for w in args.workers.split(',')]
-    if any(loader.partition(':')[0] == 'torch' for loader in loaders):
+    if not args.loaders:
+        raise ValueError('--loaders is empty: pass some of {}'.format(
+            ', '.join(runner.LOADERS)))
+    for loader in args.loaders:
+        runner.parse_loader(loader)
+    args.worker_counts = _worker_counts(args.workers)
+    if args.batch_size is not None and args.batch_size <= 0:
+        raise ValueError('--batch-size takes a positive integer, got '
+                         '{}'.format(args.batch_size))
+    if args.repeats <= 0:
+        raise ValueError('--repeats takes a positive integer, got '
+                         '{}'.format(args.repeats))
+    if not args.seconds > 0 or not args.warmup >= 0:
+        raise ValueError('--seconds takes a positive number and --warmup '
+                         'zero or more, got {} and {}'.format(
+                             args.seconds, args.warmup))
+    if any(loader.partition(':')[0] == 'torch' for loader in args.loaders):
         try:
             import torch  # NOQA
         except ImportError:
-            parser.error('--compare torch needs torch: pip install '
-                         'torch==2.13.0')
+            raise ValueError('the torch loaders need torch: pip install '
+                             'torch==2.13.0') from None
 
+
+def main(argv=None):
+    args = parse_args(argv)
+    names, loaders, worker_counts = \
+        args.names, args.loaders, args.worker_counts
     bandwidth = memcpy_bandwidth(2 ** 24 if args.smoke else 2 ** 28)
     print('memcpy bandwidth: {:.1f} GB/s (single copy)'.format(
         bandwidth / 1e9), file=sys.stderr)

@@ -131,11 +131,31 @@ class PeakPss:
         return self.peak
 
 
+#: Loader names; those marked True also take ``:K`` (batches per worker).
+LOADERS = {'chainiter': True, 'chainiter-list': True, 'torch': True,
+           'serial': False}
+
+
+def parse_loader(name):
+    """``(base, K or None)`` for a loader name; ``ValueError`` (its message
+    says what is wrong and the right form) for a name that is none."""
+    base, colon, factor = name.partition(':')
+    if base in LOADERS and (not colon or LOADERS[base] and
+                            factor.isdigit() and int(factor) > 0):
+        return base, int(factor) if colon else None
+    raise ValueError(
+        'unknown loader {!r}: --loaders takes a comma-separated list of {}; '
+        '{} also take NAME:K with K a positive integer (batches per worker '
+        'in flight), e.g. chainiter:8'.format(
+            name, ', '.join(LOADERS),
+            ', '.join(n for n, deep in LOADERS.items() if deep)))
+
+
 def make_loader(name, workload, workers):
     """``(next_batch, close)`` for a loader on a workload."""
+    base, factor = parse_loader(name)
     dataset = workload.make()
     batch_size = workload.batch_size
-    base, _, factor = name.partition(':')
     if base in ('chainiter', 'chainiter-list'):
         import chainiter
         stacked = base == 'chainiter'
@@ -143,7 +163,7 @@ def make_loader(name, workload, workers):
         # prefetch_factor=K).
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
-            n_prefetch=int(factor) * workers if factor else None,
+            n_prefetch=factor * workers if factor else None,
             dataset_timeout=None,
             converter=workload.converter if stacked else None)
         if stacked:
@@ -152,7 +172,7 @@ def make_loader(name, workload, workers):
         return (lambda: convert(next(it))), it.finalize
     if base == 'torch':
         import torch.utils.data
-        options = {'prefetch_factor': int(factor)} if factor else {}
+        options = {'prefetch_factor': factor} if factor else {}
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
             persistent_workers=workers > 0,
@@ -166,20 +186,19 @@ def make_loader(name, workload, workers):
                 state['it'] = iter(loader)
                 return next(state['it'])
         return next_batch, lambda: state.pop('it', None)
-    if name == 'serial':
-        rng = numpy.random.default_rng(0)
-        state = {'order': rng.permutation(len(dataset)), 'pos': 0}
-        convert = workload.converter
+    # serial: a plain loop
+    rng = numpy.random.default_rng(0)
+    state = {'order': rng.permutation(len(dataset)), 'pos': 0}
+    convert = workload.converter
 
-        def next_batch():
-            if state['pos'] + batch_size > len(state['order']):
-                state['order'] = rng.permutation(len(dataset))
-                state['pos'] = 0
-            indices = state['order'][state['pos']:state['pos'] + batch_size]
-            state['pos'] += batch_size
-            return convert([dataset[i] for i in indices])
-        return next_batch, lambda: None
-    raise SystemExit('unknown loader {!r}'.format(name))
+    def next_batch():
+        if state['pos'] + batch_size > len(state['order']):
+            state['order'] = rng.permutation(len(dataset))
+            state['pos'] = 0
+        indices = state['order'][state['pos']:state['pos'] + batch_size]
+        state['pos'] += batch_size
+        return convert([dataset[i] for i in indices])
+    return next_batch, lambda: None
 
 
 def measure(loader, workload_name, workers, seconds, warmup_s=1.0,

@@ -108,14 +108,46 @@ WORKLOADS = {
 }
 
 
+def user_function(spec):
+    """The function a ``module:function`` spec names; ``ValueError`` (its
+    message says what is wrong and the right form) when there is none."""
+    module_name, _, function_name = spec.partition(':')
+    if not module_name or not function_name:
+        raise ValueError(
+            '--dataset takes module:function (a function returning your '
+            'dataset), e.g. mypackage.data:make_dataset; got {!r}'.format(
+                spec))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError('--dataset {}: cannot import {!r} ({}: {}); '
+                         'is it on PYTHONPATH?'.format(
+                             spec, module_name, type(e).__name__, e)) from e
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError('--dataset {}: module {!r} has no function {!r}; '
+                         'pass module:function returning a dataset'.format(
+                             spec, module_name, function_name))
+    return function
+
+
+def check(name):
+    """Raise ``ValueError`` unless ``name`` is a built-in workload or a
+    ``module:function`` that exists."""
+    if name in WORKLOADS:
+        return
+    if ':' not in name:
+        raise ValueError(
+            'unknown workload {!r}: --workloads takes a comma-separated list '
+            'of {} (your own datasets go in --dataset module:function)'
+            .format(name, ', '.join(WORKLOADS)))
+    user_function(name)
+
+
 def user_workload(spec, batch_size):
     """A workload from ``module:function`` returning a dataset."""
-    module_name, _, function_name = spec.partition(':')
-    if not function_name:
-        raise SystemExit('--dataset takes module:function, got {!r}'.format(
-            spec))
-    function = getattr(importlib.import_module(module_name), function_name)
-    return Workload(spec, function, batch_size, description='user dataset')
+    return Workload(spec, user_function(spec), batch_size,
+                    description='user dataset')
 
 
 def get(name, batch_size=None):
@@ -126,4 +158,5 @@ def get(name, batch_size=None):
                                 workload.converter, workload.torch_collate,
                                 workload.description)
         return workload
+    check(name)
     return user_workload(name, batch_size or 32)
