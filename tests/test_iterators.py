@@ -256,6 +256,106 @@ def test_not_a_dataset(make):
         make(iter([1, 2]), 1)
 
 
+class _Indexer:
+    def __init__(self, values):
+        self.values = values
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+
+class _RangeIndex:
+    def __init__(self, start, n):
+        self.start, self.stop, self.step = start, start + n, 1
+
+
+_RangeIndex.__name__ = 'RangeIndex'
+_RangeIndex.__module__ = 'pandas.core.indexes.range'
+
+
+class _DataFrame:
+    """Stands in for pandas.DataFrame (pandas need not be installed):
+    ``[key]`` is a column, ``.iloc[i]`` a row."""
+
+    def __init__(self, n):
+        self.columns = ['x', 'y']
+        self.iloc = _Indexer([(i, -i) for i in range(n)])
+        self.index = _RangeIndex(0, n)
+
+    def __len__(self):
+        return len(self.iloc.values)
+
+    def __getitem__(self, column):
+        return [row[self.columns.index(column)] for row in self.iloc.values]
+
+
+_DataFrame.__name__ = 'DataFrame'
+_DataFrame.__module__ = 'pandas.core.frame'
+
+
+class _Series:
+    """Stands in for pandas.Series: ``[key]`` is by label."""
+
+    def __init__(self, values, index):
+        self.iloc = _Indexer(values)
+        self.index = index
+
+    def __len__(self):
+        return len(self.iloc.values)
+
+    def __getitem__(self, label):
+        return self.iloc.values[label - self.index.start]
+
+
+_Series.__name__ = 'Series'
+_Series.__module__ = 'pandas.core.series'
+
+
+class _MyFrame(_DataFrame):    # a user's subclass, as geopandas has
+    pass
+
+
+def _assert_names_the_fix(error):
+    message = str(error.value)
+    for fix in ('.iloc', 'chainiter.datasets.TupleDataset(df[col].to_numpy()',
+                'df.to_numpy()'):
+        assert fix in message, message
+
+
+@pytest.mark.parametrize('dataset', [
+    _DataFrame(4), _MyFrame(4), _Series([1, 2, 3], _RangeIndex(10, 3))],
+    ids=['DataFrame', 'subclass', 'Series-labelled-from-10'])
+def test_pandas_by_label_is_refused(make, dataset):
+    with pytest.raises(TypeError, match='pandas') as error:
+        make(dataset, 2)
+    _assert_names_the_fix(error)
+
+
+def test_pandas_refused_before_workers_start(method):
+    with pytest.raises(TypeError, match='pandas DataFrame') as error:
+        chainiter.MultiprocessIterator(_DataFrame(4), 2, n_processes=1,
+                                       start_method=method)
+    _assert_names_the_fix(error)
+
+
+def test_series_labelled_by_position_is_a_dataset(make):
+    with make(_Series([5, 6, 7], _RangeIndex(0, 3)), 3,
+              shuffle=False) as it:
+        assert next(it) == [5, 6, 7]
+
+
+def test_real_pandas():
+    pandas = pytest.importorskip('pandas')
+    frame = pandas.DataFrame({'x': [1, 2, 3], 'y': [4, 5, 6]})
+    with pytest.raises(TypeError, match='pandas DataFrame') as error:
+        SerialIterator(frame, 2)
+    _assert_names_the_fix(error)
+    with pytest.raises(TypeError, match='pandas Series whose index'):
+        SerialIterator(pandas.Series([1, 2, 3], index=[7, 8, 9]), 2)
+    with SerialIterator(frame['x'], 3, shuffle=False) as it:
+        assert [int(x) for x in next(it)] == [1, 2, 3]
+
+
 @pytest.mark.parametrize('order', [[0, 1, 2, 5], [0, 1, -1], [[0, 1, 2]]],
                          ids=['too-large', 'negative', '2-d'])
 def test_sampler_with_bad_order(make, order):

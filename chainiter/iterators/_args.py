@@ -32,3 +32,27 @@ def callable_or_none(name, value):
     if value is not None and not callable(value):
         raise TypeError('{} must be callable, got {!r}'.format(name, value))
     return value
+
+
+def positional(dataset):
+    """Refuse a pandas DataFrame, and a Series whose index is not
+    0, 1, 2, ...: their ``[i]`` is a column or a label, not the i-th row.
+    pandas is recognised by its classes' module, never imported."""
+    kind = next((cls.__name__ for cls in type(dataset).__mro__
+                 if cls.__module__.split('.')[0] == 'pandas' and
+                 cls.__name__ in ('DataFrame', 'Series')), None)
+    if kind is None:
+        return
+    index = getattr(dataset, 'index', None)
+    if kind == 'Series' and type(index).__name__ == 'RangeIndex' and \
+            index.start == 0 and index.step == 1:
+        return     # labels 0, 1, 2, ... are the positions
+    what = ('a pandas DataFrame: df[i] is column i, not row i' if
+            kind == 'DataFrame' else
+            'a pandas Series whose index ({}) is not 0, 1, 2, ...: s[i] is '
+            'the value labelled i, not the i-th'.format(type(index).__name__))
+    raise TypeError(
+        'the dataset is {} (rows by position are .iloc[i]). Pass arrays: '
+        'chainiter.datasets.TupleDataset(df[col].to_numpy(), ...) or '
+        'df.to_numpy() (s.to_numpy() for a Series), or a dataset whose '
+        '__getitem__ returns df.iloc[i]'.format(what))

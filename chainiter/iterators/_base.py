@@ -82,6 +82,7 @@ def check_dataset(dataset):
             '__getitem__, or wrap your data in chainiter.datasets.'
             'TupleDataset); {} lacks {}'.format(
                 type(dataset).__name__, ' and '.join(missing)))
+    _args.positional(dataset)
 
 
 def check_batch_size(batch_size):
