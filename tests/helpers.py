@@ -317,6 +317,10 @@ class Faulty:
             if self.fault == 'sigkill':
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == 'sigsegv':
+                # Deliberate: no "Fatal Python error" dump from the
+                # faulthandler the test run (or the user) enabled.
+                import faulthandler
+                faulthandler.disable()
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.fault in ('unpicklable-example', 'unpicklable-field'):
                 return numpy.full(3, i), Unpicklable()

@@ -51,6 +51,20 @@ def run_two_epochs(dataset, method, **kwargs):
                 [fingerprint(next(ref)) for _ in range(n)])
 
 
+def test_deliberate_segv_prints_no_fatal_error_dump():
+    # pytest's faulthandler writes to the terminal past any capture, so a
+    # dump from a crashing worker would land in a passing run's output.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    child = subprocess.run(
+        [sys.executable, '-X', 'faulthandler', '-c',
+         'import helpers; helpers.Faulty(1, 0, "sigsegv")[0]'],
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([tests, root])),
+        capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGSEGV, child.stderr
+    assert 'Fatal Python error' not in child.stderr
+
+
 @pytest.mark.parametrize('fault,how', [
     ('exit', 'exit code 7'), ('sigkill', 'signal 9'),
     ('sigsegv', 'signal 11')])
