@@ -1,6 +1,7 @@
 """Datasets and checks shared by the tests (module level, so picklable)."""
 
 import io
+import types
 
 import numpy
 
@@ -586,3 +587,62 @@ class ByteOrders:
     def __getitem__(self, i):
         return (numpy.arange(3, dtype='>f4') + i, numpy.array(i, dtype='>i8'),
                 numpy.array(i, dtype='<u2'))
+
+
+class FakeTorch(types.ModuleType):
+    """Stands in for torch where it is not installed: remembers the seed
+    ``manual_seed`` was given, as torch's ``initial_seed()`` does."""
+
+    def __init__(self):
+        super().__init__('torch')
+        self.seeds = []
+
+    def manual_seed(self, seed):
+        self.seeds.append(seed)
+
+    def initial_seed(self):
+        return self.seeds[-1] if self.seeds else None
+
+
+_worker_rngs = None
+
+
+def record_worker_rngs(worker_id):
+    """A ``worker_init_fn``: notes what this worker's global RNGs were
+    seeded with (torch's seed, a first draw of ``random`` and of numpy)."""
+    global _worker_rngs
+    import random
+    import sys
+    torch = sys.modules.get('torch')
+    _worker_rngs = (worker_id,
+                    None if torch is None else torch.initial_seed(),
+                    random.getrandbits(62),
+                    int(numpy.random.randint(2 ** 62, dtype=numpy.int64)))
+
+
+class WorkerRngs:
+    """Example i is ``(i,) + what record_worker_rngs noted`` in the worker
+    that loads it.  Unpickled in a worker (spawn, forkserver), it imports
+    torch (``torch='real'``), or puts a ``FakeTorch`` in its place
+    (``'fake'``), as a dataset's module importing torch would: torch is then
+    imported when the worker seeds.  (Under fork the parent's modules count.)
+    With ``torch=None`` it imports nothing."""
+
+    def __init__(self, n, torch):
+        self.n, self.torch = n, torch
+
+    def __setstate__(self, state):
+        import sys
+        self.__dict__.update(state)
+        if chainiter.get_worker_info() is None:
+            return
+        if self.torch == 'fake':
+            sys.modules.setdefault('torch', FakeTorch())
+        elif self.torch == 'real':
+            import torch  # NOQA
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return (i,) + _worker_rngs

@@ -296,6 +296,51 @@ def test_worker_init_fn_and_worker_info(method):
     assert chainiter.get_worker_info() is None
 
 
+def worker_rngs(method, seed, torch):
+    """``{worker id: (torch's seed, a first draw of random, of numpy)}``
+    over an epoch loaded by two workers."""
+    with MultiprocessIterator(helpers.WorkerRngs(16, torch), 2,
+                              n_processes=2, n_prefetch=4, shuffle=False,
+                              seed=seed, start_method=method,
+                              worker_init_fn=helpers.record_worker_rngs) as it:
+        examples = [e for _ in range(8) for e in next(it)]
+    assert [e[0] for e in examples] == list(range(16))
+    return {e[1]: e[2:] for e in examples}
+
+
+def check_worker_rngs(method, torch):
+    rngs = worker_rngs(method, 7, torch)
+    assert sorted(rngs) == [0, 1]
+    # torch as DataLoader seeds it (seed + worker id); random and numpy
+    # differ by worker, forked ones too.
+    expected = [None, None] if torch is None else [7, 8]
+    assert [rngs[w][0] for w in (0, 1)] == expected
+    assert rngs[0][1] != rngs[1][1] and rngs[0][2] != rngs[1][2]
+    assert worker_rngs(method, 7, torch) == rngs      # repeatable
+    other = worker_rngs(method, 9, torch)
+    assert other[0][1:] != rngs[0][1:]
+    if torch is not None:
+        assert [other[w][0] for w in (0, 1)] == [9, 10]
+
+
+def test_workers_seed_torch_random_and_numpy(method, monkeypatch):
+    # Forked workers see the parent's modules, spawned ones import "torch"
+    # with the dataset.
+    monkeypatch.setitem(sys.modules, 'torch', helpers.FakeTorch())
+    check_worker_rngs(method, 'fake')
+
+
+def test_workers_seed_the_real_torch(method):
+    pytest.importorskip('torch')
+    check_worker_rngs(method, 'real')
+
+
+def test_workers_seed_random_and_numpy_and_never_import_torch(method):
+    if 'torch' in sys.modules:
+        pytest.skip('torch is imported in this test process')
+    check_worker_rngs(method, None)
+
+
 def test_maxtasksperchild_replaces_workers(method):
     dataset = Pids()
     with MultiprocessIterator(dataset, 4, n_processes=2, maxtasksperchild=1,

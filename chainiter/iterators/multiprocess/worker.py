@@ -14,6 +14,7 @@ the parent's to handle.
 import ctypes
 import os
 import pickle
+import random
 import signal
 import sys
 import threading
@@ -91,6 +92,25 @@ class PickledDataset:
 #: ``seq`` of the message a worker sends when it cannot start.
 STARTUP_FAILED = -1
 
+#: Tags numpy's global seeds apart from the streams of order_samplers.
+_NUMPY_GLOBAL_STREAM = 0x6e70676c
+
+
+def seed_global_rngs(seed, worker_id):
+    """Seed, as PyTorch's DataLoader does in its workers, the global RNGs a
+    dataset may draw from: ``random`` and torch (only if already imported,
+    e.g. by the dataset's module) with ``seed + worker_id``, numpy's from
+    ``(seed, worker_id)``.  So workers draw different numbers, forked ones
+    too, and the same ones for the same seed.  ``example_rng()`` stays the
+    exact, resumable way: these depend on which worker loads an example."""
+    worker_seed = seed + worker_id
+    random.seed(worker_seed)
+    numpy.random.seed(numpy.random.SeedSequence(
+        [seed, _NUMPY_GLOBAL_STREAM, worker_id]).generate_state(4))
+    torch = sys.modules.get('torch')
+    if torch is not None and hasattr(torch, 'manual_seed'):
+        torch.manual_seed(worker_seed)
+
 
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
@@ -102,6 +122,10 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
     try:
         if type(dataset) is PickledDataset:
             dataset = pickle.loads(dataset.dataset)
+        what = 'seeding the global RNGs (random, numpy, torch) failed'
+        # After the dataset (its module may import torch), before
+        # worker_init_fn (which may seed otherwise).
+        seed_global_rngs(seed, worker_id)
         what = 'worker_init_fn({}) raised'.format(worker_id)
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
