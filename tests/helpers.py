@@ -646,3 +646,21 @@ class WorkerRngs:
 
     def __getitem__(self, i):
         return (i,) + _worker_rngs
+
+
+# ---- datasets for tests/test_share.py -------------------------------------
+
+def shared_mapping_of(array):
+    """The path of the mapping of this process that holds ``array``'s first
+    byte when it is a chainiter shared-memory block (an unlinked file:
+    '/dev/shm/#inode (deleted)') or another file; None for anonymous memory
+    (the heap: an array unpickled by value)."""
+    address = array.__array_interface__['data'][0]
+    with open('/proc/self/maps') as f:
+        for line in f:
+            fields = line.split(None, 5)
+            low, high = (int(x, 16) for x in fields[0].split('-'))
+            if low <= address < high:
+                path = fields[5].strip() if len(fields) == 6 else ''
+                return path if path.startswith('/') else None
+    return None

@@ -75,13 +75,18 @@ class SharedBuffer:
 
     ``buffer`` is the writable ``mmap``.  Created in the parent with
     ``SharedBuffer.allocate(size)``; a worker that receives the descriptor
-    maps the same memory with ``SharedBuffer(size, fd)``.
+    maps the same memory with ``SharedBuffer(size, fd)``, or with
+    ``readonly=True`` only for reading (numpy arrays that view it are then
+    not writeable, and the kernel refuses writes too).
     """
 
-    def __init__(self, size, fd):
+    def __init__(self, size, fd, readonly=False):
         self.size = size
         self.fd = fd
-        self.buffer = mmap.mmap(fd, size) if size else None
+        self.buffer = None
+        if size:
+            self.buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ) \
+                if readonly else mmap.mmap(fd, size)
         self._on_release = []           # None once released
         self._release_lock = threading.Lock()
         if self.buffer is not None:
@@ -177,6 +182,14 @@ class SharedBuffer:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def unmap(self):
+        """Close the mapping now and keep the descriptor, to pass on to
+        processes started later.  No array may view the mapping."""
+        buffer, self.buffer = self.buffer, None
+        if buffer is not None:
+            _by_mapping.pop(id(buffer), None)
+            buffer.close()
 
     def release(self):
         """Close the descriptor and the mapping now (no more hand-outs will

@@ -1,0 +1,278 @@
+"""Large numpy arrays of a dataset, shared with spawned workers.
+
+Under spawn and forkserver a worker gets the dataset by pickling, and each
+worker would unpickle a private copy of every array in it.  Instead the
+dataset (and ``worker_init_fn``) are pickled by ``_Pickler``, which takes
+every large array out of the stream:
+
+::
+
+  main process: ArrayShare (one per pool)             worker
+  ───────────────────────────────────────             ──────
+  Shipped.__reduce__ (at every worker start)
+    _Pickler.dump(obj)
+      large ndarray ─► seen before?  its Place
+                       a numpy.memmap of a file: (filename, offset)
+                       else: a Place in a new block
+      anything else ─► pickled as usual
+    a new block: SharedBuffer.allocate, the arrays
+    copied in, unmapped (only its descriptor kept)
+    ─► Received(bytes, {key: (size, DupFd)}) ── Process args ──► Received.load()
+                                                        blocks mapped read-only,
+                                                        _Unpickler: views of them
+
+What is taken out: every object the pickler meets whose type is exactly
+``numpy.ndarray`` or ``numpy.memmap``, with a dtype that holds no Python
+objects and at least ``SHARE_MIN_BYTES`` bytes, wherever it is (an
+attribute, a list, a dict, inside any picklable object).  Other subclasses
+(``numpy.ma``, ``numpy.matrix``, ``numpy.recarray``, ...), object arrays
+and smaller arrays are pickled by value, as before.
+
+- The worker's arrays are read-only views of the block: writing raises
+  numpy's ``ValueError: assignment destination is read-only``.
+- Non-contiguous arrays are copied contiguous (C order) into the block;
+  Fortran-ordered ones stay Fortran-ordered.
+- An array reached twice (in one pickling, or at a worker restart) is
+  stored once: places are remembered by ``id()``, and the arrays are kept
+  alive by the share until the pool closes.  A worker restarted later sees
+  the arrays as they were when first shipped; arrays the dataset has
+  gained since go to a new block.
+- A ``numpy.memmap`` of a named file (opened with mode 'r', 'r+' or 'w+',
+  or a view of one) is passed by file name and offset: the worker maps the
+  same file read-only, so the OS shares its pages.  Its workers see what
+  is in the file (as under fork); a copy-on-write memmap (mode 'c') is
+  copied into the block instead, since its changes are not in the file.
+- Arrays that view other shared memory (e.g. batches of another iterator)
+  are copied into the block like any array.
+
+The pure parts: ``shareable``, ``place`` and ``view``; ``ArrayShare`` owns
+the blocks; ``Shipped`` and ``Received`` are the two ends.
+"""
+
+import collections
+import io
+import mmap
+import os
+import pickle
+import threading
+from multiprocessing import reduction
+
+import numpy
+
+from chainiter.iterators.multiprocess.shm import SharedBuffer
+
+#: Arrays of at least this many bytes travel as shared memory.
+SHARE_MIN_BYTES = 2 ** 20
+
+_ALIGN_BYTES = 64
+
+try:
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:         # numpy < 2.0
+    _byte_bounds = numpy.byte_bounds
+
+
+#: Where an array lies in block ``block``, and how to view it.
+Place = collections.namedtuple('Place', 'block offset dtype shape order')
+
+#: Where an array lies in a file: ``view`` of ``span`` bytes at ``offset``.
+FilePlace = collections.namedtuple(
+    'FilePlace', 'filename offset span start dtype shape strides')
+
+
+def shareable(obj):
+    """Whether ``obj`` travels as shared memory (see the module's doc)."""
+    return type(obj) in (numpy.ndarray, numpy.memmap) and \
+        not obj.dtype.hasobject and obj.nbytes >= SHARE_MIN_BYTES
+
+
+def place(array, block, offset):
+    """The ``Place`` of ``array`` in ``block`` at the first aligned offset
+    from ``offset``, and the offset after it."""
+    offset = -(-offset // _ALIGN_BYTES) * _ALIGN_BYTES
+    order = 'F' if array.flags.f_contiguous and \
+        not array.flags.c_contiguous else 'C'
+    return (Place(block, offset, array.dtype, array.shape, order),
+            offset + array.nbytes)
+
+
+def view(buffer, where):
+    """The array at ``where`` (a ``Place``) in ``buffer``."""
+    return numpy.ndarray(where.shape, where.dtype, buffer=buffer,
+                         offset=where.offset, order=where.order)
+
+
+def file_place(array):
+    """The ``FilePlace`` of an array that views a ``numpy.memmap`` of a
+    named file mapped shared (not copy-on-write), or None."""
+    base = array
+    while isinstance(base, numpy.ndarray) and \
+            not isinstance(base.base, mmap.mmap):
+        base = base.base
+    if not isinstance(base, numpy.memmap) or base.mode == 'c' or \
+            not base.filename or not os.path.exists(base.filename):
+        return None
+    low, high = _byte_bounds(array)
+    data = array.__array_interface__['data'][0]
+    return FilePlace(base.filename,
+                     base.offset + low - base.__array_interface__['data'][0],
+                     high - low, data - low, array.dtype, array.shape,
+                     array.strides)
+
+
+def file_view(where):
+    """The array at ``where`` (a ``FilePlace``), mapped read-only."""
+    mapped = numpy.memmap(where.filename, dtype=numpy.uint8, mode='r',
+                          offset=where.offset, shape=(where.span,))
+    return numpy.ndarray(where.shape, where.dtype, buffer=mapped,
+                         offset=where.start, strides=where.strides)
+
+
+def _view(*args):
+    raise pickle.UnpicklingError(
+        'this pickle refers to arrays in shared memory; only '
+        'chainiter.iterators.multiprocess.share.Received.load() reads it')
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles with the large arrays taken out: known ones at their place,
+    new ones given a place in block ``block`` (recorded in ``new``)."""
+
+    def __init__(self, file, known, block):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.known = known        # id -> (array, Place or FilePlace)
+        self.block = block
+        self.new = {}             # id -> (array, Place or FilePlace)
+        self.size = 0             # bytes of the new block
+        self.used = set()         # keys of the blocks the stream refers to
+
+    def reducer_override(self, obj):
+        if not shareable(obj):
+            return NotImplemented
+        found = self.known.get(id(obj)) or self.new.get(id(obj))
+        if found is None:
+            where = file_place(obj)
+            if where is None:
+                where, self.size = place(obj, self.block, self.size)
+            found = self.new[id(obj)] = (obj, where)
+        where = found[1]
+        if isinstance(where, Place):
+            self.used.add(where.block)
+        return _view, tuple(where)
+
+
+class _Discard:
+    """A file that forgets what is written (bytes, or the PickleBuffer of
+    an array that protocol 5 hands over without copying)."""
+
+    def write(self, data):
+        pass
+
+
+def check_picklable(obj):
+    """Pickle ``obj`` as a worker would get it, writing nothing anywhere:
+    raises what pickling raises."""
+    _Pickler(_Discard(), {}, 0).dump(obj)
+
+
+class ArrayShare:
+    """The shared blocks of one pool: what its workers have been sent.
+
+    ``dumps`` runs at every worker start (any thread); ``release`` when the
+    pool closes, after its workers have ended.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._known = {}        # id(array) -> (array, Place or FilePlace)
+        self._blocks = {}       # key -> SharedBuffer, its descriptor only
+        self._released = False
+
+    def dumps(self, obj):
+        """``(bytes, {key: SharedBuffer})``: ``obj`` pickled, and the blocks
+        the bytes refer to."""
+        with self._lock:
+            if self._released:
+                raise RuntimeError('the shared arrays were released')
+            key = len(self._blocks)
+            stream = io.BytesIO()
+            pickler = _Pickler(stream, self._known, key)
+            pickler.dump(obj)
+            if key in pickler.used:
+                self._blocks[key] = self._fill(pickler.new, pickler.size)
+            self._known.update(pickler.new)
+            return stream.getvalue(), {k: self._blocks[k]
+                                       for k in pickler.used}
+
+    @staticmethod
+    def _fill(arrays, size):
+        """A new block holding ``arrays``; only its descriptor stays open."""
+        shared = SharedBuffer.allocate(size)
+        try:
+            for array, where in arrays.values():
+                if isinstance(where, Place):
+                    view(shared.buffer, where)[...] = array
+            shared.unmap()
+        except BaseException:
+            shared.release()
+            raise
+        return shared
+
+    def release(self):
+        with self._lock:
+            self._released = True
+            blocks, self._blocks = self._blocks, {}
+            self._known = {}
+        for shared in blocks.values():
+            shared.release()
+
+
+class Shipped:
+    """``obj`` on its way to a spawned worker, which gets a ``Received``.
+    Pickled only while a process starts (the blocks travel as descriptors
+    that multiprocessing hands to the new process)."""
+
+    def __init__(self, obj, share):
+        self.obj = obj
+        self.share = share
+
+    def __reduce__(self):
+        data, blocks = self.share.dumps(self.obj)
+        return Received, (data, {key: (shared.size,
+                                       reduction.DupFd(shared.fd))
+                                 for key, shared in blocks.items()})
+
+
+class Received:
+    """In the worker: the pickled object and its blocks' descriptors."""
+
+    def __init__(self, data, blocks):
+        self.data = data
+        self.blocks = blocks
+
+    def load(self):
+        """The object, its large arrays views of the read-only blocks."""
+        buffers = {}
+        for key, (size, fd) in self.blocks.items():
+            shared = SharedBuffer(size, fd.detach(), readonly=True)
+            shared.close()      # the mapping stays while the arrays live
+            buffers[key] = shared.buffer
+        return _Unpickler(io.BytesIO(self.data), buffers).load()
+
+
+class _Unpickler(pickle.Unpickler):
+
+    def __init__(self, file, buffers):
+        super().__init__(file)
+        self._buffers = buffers
+
+    def find_class(self, module, name):
+        if module == __name__ and name == '_view':
+            return self._view
+        return super().find_class(module, name)
+
+    def _view(self, *args):
+        if len(args) == len(FilePlace._fields):
+            return file_view(FilePlace(*args))
+        where = Place(*args)
+        return view(self._buffers[where.block], where)
