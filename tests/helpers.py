@@ -664,3 +664,90 @@ def shared_mapping_of(array):
                 path = fields[5].strip() if len(fields) == 6 else ''
                 return path if path.startswith('/') else None
     return None
+
+
+class BigArrays:
+    """A 4 MiB array (reached twice: as ``big`` and ``alias``), a
+    Fortran-ordered and a non-contiguous 2 MiB array, and a small one.
+    Example i is values of each and what the loading process sees of the
+    big array: whether it is writeable, the same object as ``alias``, and
+    the file that holds it (``shared_mapping_of``)."""
+
+    def __init__(self, n=16):
+        self.n = n
+        self.big = numpy.arange(2 ** 19, dtype=numpy.float64)  # 4 MiB
+        self.alias = self.big
+        self.fortran = numpy.asfortranarray(
+            numpy.arange(2 ** 18, dtype=numpy.float64).reshape(512, 512))
+        self.strided = numpy.arange(2 ** 19, dtype=numpy.int64)[::2]
+        self.small = numpy.arange(10, dtype=numpy.int32)
+        self.objects = [{'row': numpy.ones(2 ** 18, dtype=numpy.float32)}]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return (self.big[i * 1000:(i + 1) * 1000].copy(),
+                self.fortran[i, :8].copy(), self.strided[i * 7:i * 7 + 5],
+                self.small[i % 10], float(self.objects[0]['row'][i]),
+                self.seen())
+
+    def seen(self):
+        return (self.big.flags.writeable, self.alias is self.big,
+                self.fortran.flags.f_contiguous,
+                shared_mapping_of(self.big) is not None,
+                shared_mapping_of(self.objects[0]['row']) is not None,
+                shared_mapping_of(self.small) is not None)
+
+
+class WritesBigArray(BigArrays):
+    """Example i tries to write into the big array; it is the exception's
+    type and message, or 'wrote'."""
+
+    def __getitem__(self, i):
+        try:
+            self.big[i] = -1.0
+        except Exception as e:      # what the worker reports
+            return type(e).__name__, str(e)
+        return 'wrote', ''
+
+
+class BigKillsOnce(BigArrays):
+    """``BigArrays`` whose worker is killed (SIGKILL) the first time it loads
+    example ``bad`` (a file in ``directory`` marks it)."""
+
+    def __init__(self, n, bad, directory):
+        super().__init__(n)
+        self.bad, self.directory = bad, directory
+
+    def __getitem__(self, i):
+        import os
+        import signal
+        if i == self.bad:
+            try:
+                open(os.path.join(self.directory, 'killed'), 'x').close()
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class MappedFile:
+    """A dataset over a 2 MiB ``numpy.memmap`` of ``path`` (a view of
+    it: rows 8 on); example i is row i and the file that holds the array in
+    the loading process."""
+
+    def __init__(self, path):
+        data = numpy.memmap(path, dtype=numpy.float32, mode='w+',
+                            shape=(520, 1024))
+        data[:] = numpy.arange(520, dtype=numpy.float32)[:, None]
+        data.flush()
+        self.rows = data[8:]
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return (self.rows[i].copy(), shared_mapping_of(self.rows),
+                self.rows.flags.writeable)

@@ -1,17 +1,119 @@
-"""The pickling that takes large arrays out of a dataset into shared memory
-(chainiter/iterators/multiprocess/share.py)."""
+"""Under spawn and forkserver the large arrays of a dataset reach the
+workers as read-only shared memory (chainiter/iterators/multiprocess/
+share.py); under fork nothing changes."""
 
+import gc
 import io
 import os
 
 import numpy
 import pytest
 
+import chainiter
+from chainiter import MultiprocessIterator, SerialIterator
 from chainiter.iterators.multiprocess import share
 
 import helpers
+from helpers import fingerprint, mapped_buffers, shm_files
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def _batches(dataset, method, n, **kwargs):
+    """``n`` batches from a MultiprocessIterator and from SerialIterator."""
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=5,
+                              start_method=method, **kwargs) as it:
+        got = [next(it) for _ in range(n)]
+    with SerialIterator(dataset, 4, seed=5) as ref:
+        expected = [next(ref) for _ in range(n)]
+    return got, expected
+
+
+def _seen(batches):
+    """What the loading processes saw (``BigArrays.seen``), once each."""
+    return {example[-1] for batch in batches for example in batch}
+
+
+def test_worker_sees_the_same_values(method):
+    dataset = helpers.BigArrays()
+    got, expected = _batches(dataset, method, 8)
+    strip = [[example[:-1] for example in batch] for batch in got]
+    assert [fingerprint(b) for b in strip] == \
+        [fingerprint([e[:-1] for e in b]) for b in expected]
+    writeable, aliased, fortran, big, row, small = _seen(got).pop()
+    assert aliased and fortran        # one object, its order kept
+    assert not small                  # under the threshold: by value
+    if method == 'fork':
+        assert (writeable, big, row) == (True, False, False)
+    else:
+        assert (writeable, big, row) == (False, True, True)
+
+
+def test_arrays_are_mapped_from_shared_memory(method):
+    # A test that fails when the arrays are pickled by value: in the
+    # worker the big array lies in a mapping of an unlinked /dev/shm file
+    # (by value it lies in anonymous memory, the heap).
+    with MultiprocessIterator(helpers.BigArrays(8), 4, n_processes=1,
+                              start_method=method) as it:
+        example = next(it)[0]
+    writeable, _, _, big, row, _ = example[-1]
+    assert (big, row) == (method != 'fork',) * 2
+    assert writeable == (method == 'fork')
+
+
+def test_writing_in_the_worker_raises(method):
+    with MultiprocessIterator(helpers.WritesBigArray(8), 4, n_processes=2,
+                              start_method=method) as it:
+        outcomes = set(next(it))
+    if method == 'fork':
+        assert outcomes == {('wrote', '')}      # its copy-on-write page
+    else:
+        assert outcomes == {('ValueError',
+                             'assignment destination is read-only')}
+
+
+@pytest.mark.parametrize('how', ['finalize', 'with', 'gc'])
+def test_nothing_left_behind(method, how):
+    files, buffers = shm_files(), mapped_buffers()
+    it = MultiprocessIterator(helpers.BigArrays(), 4, n_processes=2,
+                              start_method=method)
+    next(it)
+    pids = helpers.worker_pids()
+    assert pids
+    if how == 'finalize':
+        it.finalize()
+    elif how == 'with':
+        with it:
+            next(it)
+    else:
+        del it
+        gc.collect()
+    assert helpers.wait_processes_gone(pids, timeout=10)
+    assert shm_files() <= files
+    assert mapped_buffers() == buffers
+
+
+def test_restart_after_a_worker_death(method, tmp_path):
+    dataset = helpers.BigKillsOnce(16, bad=9, directory=str(tmp_path))
+    with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
+        got, expected = _batches(dataset, method, 8)
+    assert os.path.exists(str(tmp_path / 'killed'))
+    strip = [[example[:-1] for example in batch] for batch in got]
+    assert [fingerprint(b) for b in strip] == \
+        [fingerprint([e[:-1] for e in b]) for b in expected]
+    # The replacement got the arrays through shared memory too.
+    assert {seen[3] for seen in _seen(got)} == {method != 'fork'}
+
+
+def test_memmap_is_mapped_from_its_file(method, tmp_path):
+    path = str(tmp_path / 'data.bin')
+    dataset = helpers.MappedFile(path)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        batch = next(it)
+    assert [int(row[0]) for row, _, _ in batch] == [8, 9, 10, 11]
+    assert {where for _, where, _ in batch} == {path}
+    assert {writeable for _, _, writeable in batch} == {method == 'fork'}
 
 
 # ---- the pickling, in one process ------------------------------------------

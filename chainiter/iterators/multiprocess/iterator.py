@@ -8,7 +8,6 @@ draws the data flow.
 import functools
 import multiprocessing
 import os
-import pickle
 import warnings
 import weakref
 
@@ -18,7 +17,7 @@ from chainiter.dataset.convert import concat_examples
 from chainiter.errors import SharedMemoryWarning, TimeoutWarning
 from chainiter.iterators import _args
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators.multiprocess import list_layout, read, remote
+from chainiter.iterators.multiprocess import list_layout, read, remote, share
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import SlotPool
 
@@ -37,7 +36,8 @@ def _stacking_padding(converter):
 
 def _check_picklable(obj, what, method):
     try:
-        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        # As the workers get it, large arrays left out: no copy of them.
+        share.check_picklable(obj)
     except RuntimeError:
         # Locks, events and queues of multiprocessing pickle only while a
         # process starts; they reach the workers then.

@@ -22,12 +22,11 @@ from chainiter.errors import (
     TimeoutWarning,
     WorkerRestartWarning,
 )
-from chainiter.iterators.multiprocess import forks, receiver
+from chainiter.iterators.multiprocess import forks, receiver, share
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
-from chainiter.iterators.multiprocess.worker import PickledDataset
 from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
@@ -56,13 +55,21 @@ class Pool:
         self._n_workers = n_workers
         self._next_worker_id = 0
         self._start_failures = 0
-        args = (dataset, seed, n_workers, worker_init_fn, max_tasks)
+        # Under spawn and forkserver the large arrays of the dataset go to
+        # the workers as shared memory, which lives as long as the pool.
+        self.shared_arrays = None
         if ctx.get_start_method() == 'fork':
             # Forked now, while this pool has no thread of its own.
-            self.launcher = ForkLauncher(ctx, args)
+            self.launcher = ForkLauncher(ctx, (
+                dataset, seed, n_workers, worker_init_fn, max_tasks))
         else:
-            self.launcher = ProcessLauncher(
-                ctx, (PickledDataset(dataset),) + args[1:])
+            self.shared_arrays = share.ArrayShare()
+            if worker_init_fn is not None:
+                worker_init_fn = share.Shipped(worker_init_fn,
+                                               self.shared_arrays)
+            self.launcher = ProcessLauncher(ctx, (
+                share.Shipped(dataset, self.shared_arrays), seed, n_workers,
+                worker_init_fn, max_tasks))
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:
@@ -335,3 +342,5 @@ class Pool:
         self.launcher.close()
         self.receiver.close()
         self.slots.release()
+        if self.shared_arrays is not None:
+            self.shared_arrays.release()

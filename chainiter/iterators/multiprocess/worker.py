@@ -24,7 +24,7 @@ from multiprocessing import reduction
 import numpy
 
 from chainiter import _context
-from chainiter.iterators.multiprocess import remote, sinks, wire
+from chainiter.iterators.multiprocess import remote, share, sinks, wire
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
@@ -77,18 +77,6 @@ def _set_parent_death_signal():
 
 
 
-class PickledDataset:
-    """The dataset for a spawned worker, unpickled by the worker itself, so
-    that a failure is reported to the parent like any other."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __reduce__(self):
-        return PickledDataset, (pickle.dumps(self.dataset,
-                                             pickle.HIGHEST_PROTOCOL),)
-
-
 #: ``seq`` of the message a worker sends when it cannot start.
 STARTUP_FAILED = -1
 
@@ -120,8 +108,11 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                                                  seed + worker_id))
     what = 'the dataset could not be unpickled in the worker'
     try:
-        if type(dataset) is PickledDataset:
-            dataset = pickle.loads(dataset.dataset)
+        if isinstance(dataset, share.Received):      # spawn, forkserver
+            dataset = dataset.load()
+        what = 'worker_init_fn could not be unpickled in the worker'
+        if isinstance(worker_init_fn, share.Received):
+            worker_init_fn = worker_init_fn.load()
         what = 'seeding the global RNGs (random, numpy, torch) failed'
         # After the dataset (its module may import torch), before
         # worker_init_fn (which may seed otherwise).
