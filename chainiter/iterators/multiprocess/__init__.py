@@ -34,6 +34,8 @@ One file, one idea:
 - ``launch.py``: starting workers (under fork: from a launcher process that
   has no threads) and learning when they exit.
 - ``worker.py``: the worker process; ``sinks.py``: where it puts examples.
+- ``share.py``: under spawn and forkserver, the dataset's large arrays
+  travel to the workers as read-only shared memory.
 - ``slots.py``: the shared-memory slots, their leases and layouts;
   ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
   ``stacked_layout.py``, ``stacked_rows.py``, ``read.py``: where the arrays
