@@ -9,7 +9,11 @@ import pytest
 
 import chainiter
 from chainiter import MultithreadIterator, SerialIterator
-from chainiter.iterators.order_samplers import SeededPermutation, seeded_order
+from chainiter.iterators.order_samplers import (
+    MATERIALIZED_MAX,
+    SeededPermutation,
+    seeded_order,
+)
 from chainiter.serializers import load_npz, save_npz
 
 
@@ -26,8 +30,8 @@ class Huge:
         return int(i)
 
 
-@pytest.mark.parametrize('n', list(range(0, 40)) + [99, 100, 101, 1023,
-                                                   1024, 4097, 65537, 99991])
+@pytest.mark.parametrize('n', list(range(0, 40)) + [
+    99, 100, 101, 1023, 1024, 4097, 65536, 65537, 65793, 99991, 262147])
 def test_is_a_permutation_and_slices_agree(n):
     perm = SeededPermutation(5, 3, n)
     whole = numpy.asarray(perm)
@@ -62,20 +66,30 @@ def test_positions_out_of_range_are_an_error():
 
 
 def test_orders_look_uniform():
-    # Over many epochs, the pair at positions (0, 1) of a permutation of 10
-    # must cover the 90 ordered pairs evenly (chi-square, 89 degrees of
-    # freedom: 160 is far beyond the 99.99th percentile, about 140).
-    n, epochs = 10, 9000
+    # Beyond MATERIALIZED_MAX the order comes from the keyed network: over
+    # many epochs, the pair at positions (0, 1), each binned in tenths of
+    # the dataset, must cover the 100 cells evenly (chi-square, 99 degrees
+    # of freedom: 170 is far beyond the 99.99th percentile, about 150).
+    n, epochs, bins = MATERIALIZED_MAX + 34467, 4000, 10
+    assert n > MATERIALIZED_MAX
     pairs = numpy.array([SeededPermutation(11, e, n).take([0, 1])
-                         for e in range(epochs)])
-    counts = numpy.bincount(pairs[:, 0] * n + pairs[:, 1], minlength=n * n)
-    counts = counts[numpy.arange(n * n) % (n + 1) != 0]
-    expected = epochs / len(counts)
-    assert ((counts - expected) ** 2 / expected).sum() < 160
-    # Neighbouring positions of a big permutation are not correlated.
+                         for e in range(epochs)]) * bins // n
+    counts = numpy.bincount(pairs[:, 0] * bins + pairs[:, 1],
+                            minlength=bins * bins)
+    expected = epochs / bins ** 2
+    assert ((counts - expected) ** 2 / expected).sum() < 170
+    # Neighbouring positions are not correlated, nor positions and indices.
     big = numpy.asarray(SeededPermutation(3, 0, 200003)).astype(float)
     assert abs(numpy.corrcoef(big[:-1], big[1:])[0, 1]) < 0.02
     assert abs(numpy.corrcoef(numpy.arange(len(big)), big)[0, 1]) < 0.02
+
+
+def test_small_orders_are_numpy_shuffles():
+    # Up to MATERIALIZED_MAX an epoch's order is numpy's permutation,
+    # drawn whole (exactly uniform; small datasets cross epochs often).
+    expected = numpy.random.Generator(numpy.random.PCG64(
+        numpy.random.SeedSequence([5, 0, 2]))).permutation(1000)
+    assert numpy.array_equal(seeded_order(5, 2, 1000), expected)
 
 
 def test_snapshot_size_does_not_grow_with_the_dataset():

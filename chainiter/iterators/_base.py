@@ -215,8 +215,16 @@ class DatasetIterator(Iterator):
         return _state.IteratorState(0, 0, False, None)
 
     def _seeded(self, epoch):
-        return order_samplers.SeededPermutation(
-            self._pass_seed, epoch, len(self.dataset))
+        # The last few are kept: a batch loaded again after an interrupt
+        # or a snapshot finds its order's indices already computed.
+        key = (self._pass_seed, epoch, len(self.dataset))
+        orders = self.__dict__.setdefault('_orders', {})
+        order = orders.get(key)
+        if order is None:
+            order = orders[key] = order_samplers.SeededPermutation(*key)
+            while len(orders) > 3:
+                del orders[next(iter(orders))]
+        return order
 
     def _next_order(self, order, position, epoch):
         if self.order_sampler is not None:
@@ -559,8 +567,8 @@ class DatasetIterator(Iterator):
         subclass's constructor and after unpickling."""
 
     def _transport_attributes(self):
-        """The attributes of the transport, never copied or pickled."""
-        return ('_pending',)
+        """Attributes never copied or pickled: the transport, caches."""
+        return ('_pending', '_orders')
 
     def __getstate__(self):
         # Everything but the transport; batches loaded ahead are not part

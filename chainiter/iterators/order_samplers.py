@@ -9,10 +9,10 @@ state written into the iterator's snapshots.
 Without an order sampler, a shuffling iterator uses ``SeededPermutation``:
 epoch ``e``'s permutation is a pure function of ``(seed, e)``, so a snapshot
 only needs the seed and the epoch, and prefetching never advances hidden RNG
-state.  The permutation is never held as an array: the index at any position
-is computed when a batch asks for it (a keyed Feistel network over the
-positions), so memory, snapshots and the epoch boundary cost the same for ten
-examples or a billion.
+state.  Beyond 65536 examples the permutation is never held as an array: the
+index at any position is computed when a batch asks for it (a keyed Feistel
+network over the positions), so memory, snapshots and the epoch boundary
+cost the same for a million examples or a billion.
 """
 
 import numpy
@@ -90,6 +90,10 @@ def pass_seed(seed, resets):
 
 
 _FEISTEL_ROUNDS = 6
+#: Permutations of at most this many positions are drawn whole (numpy's
+#: shuffle, exactly uniform, 512 KiB at most): cheaper than the network for
+#: small datasets, whose epochs come often.
+MATERIALIZED_MAX = 2 ** 16
 _MIX1 = numpy.uint64(0xbf58476d1ce4e5b9)
 _MIX2 = numpy.uint64(0x94d049bb133111eb)
 _S30, _S27, _S31 = numpy.uint64(30), numpy.uint64(27), numpy.uint64(31)
@@ -112,9 +116,12 @@ class SeededPermutation:
     ``perm[a:b]`` (or ``perm.take(positions)``) gives the dataset indices at
     those positions; ``len(perm)`` is ``n``; ``numpy.asarray(perm)`` makes
     the whole array (only for those who need one, e.g. a snapshot Chainer
-    must load).  Nothing of size ``n`` is ever stored.
+    must load).  Above ``MATERIALIZED_MAX`` nothing of size ``n`` is ever
+    stored.
 
-    The positions ``0...n-1`` are split as ``x = hi * b + lo`` over a grid of
+    Up to ``MATERIALIZED_MAX`` positions the permutation is numpy's
+    (``Generator.permutation``), drawn whole when first read.  Beyond, the
+    positions ``0...n-1`` are split as ``x = hi * b + lo`` over a grid of
     ``a * b >= n`` cells (``a = ceil(sqrt(n))``, ``b = ceil(n / a)``), and a
     six-round Feistel network with modular addition, keyed from ``(seed,
     epoch)``, shuffles the grid; the few cells past ``n`` (fewer than ``a``)
@@ -175,7 +182,21 @@ class SeededPermutation:
             return int(self.take(numpy.array([position]))[0])
         return self.take(key)
 
+    def _whole(self):
+        """The whole permutation of a small ``n`` (drawn once)."""
+        first, cached = self._cached
+        if cached is None or first != 0 or len(cached) != self.n:
+            cached = numpy.random.Generator(numpy.random.PCG64(
+                numpy.random.SeedSequence(
+                    [self.seed, _ORDER_STREAM, self.epoch]))).permutation(
+                        self.n)
+            cached.flags.writeable = False
+            self._cached = (0, cached)
+        return cached
+
     def _span(self, start, stop):
+        if self.n <= MATERIALIZED_MAX:
+            return self._whole()[start:stop]
         first, cached = self._cached
         if cached is not None and first <= start and \
                 stop <= first + len(cached):
@@ -198,6 +219,8 @@ class SeededPermutation:
         if positions.size and (positions.min() < 0 or
                                positions.max() >= self.n):
             raise IndexError('positions must lie in [0, {})'.format(self.n))
+        if self.n <= MATERIALIZED_MAX:
+            return self._whole()[positions]
         x = self._shuffle_grid(positions.astype(numpy.uint64).ravel())
         n = numpy.uint64(self.n)
         outside = numpy.flatnonzero(x >= n)
