@@ -11,6 +11,7 @@ first batch.  Run it once per start method; figures, not assertions.
 import argparse
 import json
 import os
+import tempfile
 import time
 
 import numpy
@@ -23,8 +24,12 @@ _CHUNKS = 64
 class BigArray:
     """Example i is the sum of the i-th of 64 stretches of ``data``."""
 
-    def __init__(self, mib):
+    def __init__(self, mib, memmap_dir=None):
         self.data = numpy.ones(mib * 2 ** 20 // 8, dtype=numpy.float64)
+        if memmap_dir is not None:     # the array as a file, mapped
+            path = os.path.join(memmap_dir, 'data.npy')
+            numpy.save(path, self.data)
+            self.data = numpy.load(path, mmap_mode='r')
 
     def __len__(self):
         return _CHUNKS
@@ -86,8 +91,15 @@ def main():
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--method', default='spawn',
                         choices=['fork', 'forkserver', 'spawn'])
+    parser.add_argument('--memmap', action='store_true',
+                        help='load the array with numpy.load(mmap_mode="r") '
+                        'from a temporary file')
     args = parser.parse_args()
-    dataset = BigArray(args.mib)
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(args, BigArray(args.mib, tmp if args.memmap else None))
+
+
+def measure(args, dataset):
     start = time.perf_counter()
     with chainiter.MultiprocessIterator(
             dataset, 8, n_processes=args.workers, shuffle=False,
@@ -102,6 +114,7 @@ def main():
     mib = 1024.0
     print(json.dumps({
         'method': args.method, 'array_mib': args.mib,
+        'memmap': args.memmap,
         'workers': args.workers,
         'first_batch_s': round(first_s, 3),
         'main_rss_mib': round(main_mem['Rss'] / mib, 1),
