@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy
@@ -298,14 +299,24 @@ def test_worker_init_fn_and_worker_info(method):
 
 def worker_rngs(method, seed, torch):
     """``{worker id: (torch's seed, a first draw of random, of numpy)}``
-    over an epoch loaded by two workers."""
+    of both workers (batches are read until each has loaded one: under
+    load, one worker may start late)."""
+    found = {}
     with MultiprocessIterator(helpers.WorkerRngs(16, torch), 2,
                               n_processes=2, n_prefetch=4, shuffle=False,
                               seed=seed, start_method=method,
                               worker_init_fn=helpers.record_worker_rngs) as it:
-        examples = [e for _ in range(8) for e in next(it)]
-    assert [e[0] for e in examples] == list(range(16))
-    return {e[1]: e[2:] for e in examples}
+        first = [e for _ in range(8) for e in next(it)]
+        assert [e[0] for e in first] == list(range(16))
+        deadline = time.monotonic() + 60
+        examples = first
+        while True:
+            for e in examples:
+                assert found.setdefault(e[1], e[2:]) == e[2:]
+            if len(found) == 2 or time.monotonic() > deadline:
+                break
+            examples = next(it)
+    return found
 
 
 def check_worker_rngs(method, torch):
