@@ -773,3 +773,28 @@ def test_stats_count_batches_that_came_by_copy(method):
     # + 2 = 3) are used up and the rest come by copy too.
     assert stats['by_copy'] >= 8 - 3
     assert len(held) == 8
+
+
+# ---- the PyTorch-style loop ------------------------------------------------
+
+def test_one_epoch_views_and_resume_inside_them(method):
+    """The views of MultiprocessIterator hand out SerialIterator's
+    batches, and a snapshot taken inside one resumes in another kind."""
+    dataset = Examples(10, 'tuple')
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=5,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, seed=5) as ref:
+        assert len(it) == 3
+        for epoch in range(3):
+            view, expected = it.one_epoch(), ref.one_epoch()
+            assert len(view) == len(expected)
+            for got, want in zip(view, expected):
+                assert fingerprint(got) == fingerprint(want)
+            assert list(view) == [] and it.epoch == epoch + 1
+        view = it.one_epoch()
+        next(view)
+        state = it.state_dict()
+        rest = [fingerprint(b) for b in view]
+    with SerialIterator(dataset, 4, seed=0) as resumed:
+        resumed.load_state_dict(state)
+        assert [fingerprint(b) for b in resumed.one_epoch()] == rest

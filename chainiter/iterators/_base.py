@@ -27,7 +27,7 @@ from chainiter.errors import (
     IteratorFinalizedError,
     SnapshotMismatchError,
 )
-from chainiter.iterators import _args, _state, order_samplers
+from chainiter.iterators import _args, _loop, _state, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize`` (3: a seeded
@@ -138,11 +138,13 @@ class _Failed:
         self.error = error
 
 
-class DatasetIterator(Iterator):
+class DatasetIterator(_loop.EpochLoop, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 
-    Subclasses set ``_prefetch_depth`` (batches loaded ahead of the one being
-    handed out) and implement ``_submit`` and ``_collect``.
+    The PyTorch-style loop (``len``, ``one_epoch()``) comes from
+    ``_loop.py``.  Subclasses set ``_prefetch_depth`` (batches loaded ahead
+    of the one being handed out) and implement ``_submit`` and
+    ``_collect``.
     """
 
     _prefetch_depth = 0
