@@ -12,6 +12,7 @@ from chainiter.errors import (  # NOQA
     ChainiterError, IteratorFinalizedError, SharedMemoryWarning,
     SnapshotMismatchError, TimeoutWarning, WorkerDiedError,
     WorkerRestartWarning)
+from chainiter.iterators._stats import diagnose  # NOQA
 from chainiter.iterators import (  # NOQA
     DevicePrefetcher, Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
     SerialIterator,

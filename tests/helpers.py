@@ -751,3 +751,25 @@ class MappedFile:
     def __getitem__(self, i):
         return (self.rows[i].copy(), shared_mapping_of(self.rows),
                 self.rows.flags.writeable)
+
+
+class Slow:
+    """Example i is i, after ``seconds`` of simulated work (the workload,
+    not synchronisation)."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+        time.sleep(self.seconds)
+        return i
+
+
+def compute(seconds):
+    """Simulated training step: waits ``seconds`` on an event no one sets."""
+    import threading
+    threading.Event().wait(seconds)

@@ -75,6 +75,21 @@ def test_results_of_an_older_generation_are_dropped():
     assert ready == [batch]
 
 
+def test_workers_load_times_add_up():
+    """A result carries how long the worker took (for stats); results of
+    an older generation are not counted."""
+    book = book_with_workers()
+    _, assigned = open_and_assign(book, 0, 4)
+    for key, task in assigned:
+        book.on_result(key, *result(task, ('metas', None, 0.25)))
+    assert book.load_s == 0.25 * len(assigned)
+    _, assigned = open_and_assign(book, 4, 4)
+    book.new_generation()
+    for key, task in assigned:
+        book.on_result(key, *result(task, ('metas', None, 1.0)))
+    assert book.load_s == 0.25 * len(assigned)
+
+
 def test_a_death_counts_only_against_the_batch_being_loaded():
     book = book_with_workers(n_workers=1, n_prefetch=4)
     batches = [open_and_assign(book, 4 * i, 4)[0] for i in range(4)]

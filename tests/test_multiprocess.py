@@ -798,3 +798,44 @@ def test_one_epoch_views_and_resume_inside_them(method):
     with SerialIterator(dataset, 4, seed=0) as resumed:
         resumed.load_state_dict(state)
         assert [fingerprint(b) for b in resumed.one_epoch()] == rest
+
+
+# ---- stats ------------------------------------------------------------------
+
+MP_STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
+                'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
+                'timed_batches', 'ready', 'by_copy', 'prefetch',
+                'worker_busy'}
+
+
+def test_stats_of_an_input_bound_loop(method):
+    with MultiprocessIterator(helpers.Slow(40, 0.01), 2, n_processes=1,
+                              n_prefetch=1, seed=0,
+                              start_method=method) as it:
+        for _ in range(8):
+            next(it)
+        stats = it.stats
+        verdict = chainiter.diagnose(it)
+    assert set(stats) == MP_STAT_KEYS
+    assert (stats['batches'], stats['examples']) == (8, 16)
+    assert stats['timed_batches'] == 7 and stats['prefetch'] == 1
+    assert 0 < stats['worker_busy'] <= 1
+    assert stats['wait_fraction'] > 0.5
+    assert verdict.startswith('input-bound: next() waited'), verdict
+
+
+def test_stats_of_a_compute_bound_loop(method):
+    with MultiprocessIterator(Examples(200, 'tuple'), 4, n_processes=1,
+                              seed=0, converter=concat_examples,
+                              start_method=method) as it:
+        next(it)
+        for _ in range(10):
+            helpers.compute(0.03)       # the training step
+            next(it)
+        stats = it.stats
+        verdict = chainiter.diagnose(it)
+        it.reset_stats()
+        assert it.stats['batches'] == 0 and it.stats['by_copy'] == 0
+    assert (stats['batches'], stats['examples']) == (11, 44)
+    assert stats['by_copy'] >= 1 and stats['ready'] >= 0
+    assert verdict.startswith('compute-bound: next() waited'), verdict

@@ -18,6 +18,7 @@ the batch is handed out, so a snapshot never counts prefetched batches.
 
 import collections
 import copy
+import time
 
 import numpy
 
@@ -27,7 +28,7 @@ from chainiter.errors import (
     IteratorFinalizedError,
     SnapshotMismatchError,
 )
-from chainiter.iterators import _args, _loop, _state, order_samplers
+from chainiter.iterators import _args, _loop, _state, _stats, order_samplers
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize`` (3: a seeded
@@ -138,13 +139,13 @@ class _Failed:
         self.error = error
 
 
-class DatasetIterator(_loop.EpochLoop, Iterator):
+class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 
     The PyTorch-style loop (``len``, ``one_epoch()``) comes from
-    ``_loop.py``.  Subclasses set ``_prefetch_depth`` (batches loaded ahead
-    of the one being handed out) and implement ``_submit`` and
-    ``_collect``.
+    ``_loop.py``, ``stats`` from ``_stats.py``.  Subclasses set
+    ``_prefetch_depth`` (batches loaded ahead of the one being handed out)
+    and implement ``_submit`` and ``_collect``.
     """
 
     _prefetch_depth = 0
@@ -184,6 +185,7 @@ class DatasetIterator(_loop.EpochLoop, Iterator):
         self._pending = collections.deque()
         self._state = self._initial_state()
         self._ahead = self._state
+        self._timing = _stats.Timing()
 
     # ---- transport hooks -------------------------------------------------
 
@@ -276,6 +278,7 @@ class DatasetIterator(_loop.EpochLoop, Iterator):
     # ---- the protocol ----------------------------------------------------
 
     def __next__(self):
+        started = time.perf_counter()   # for stats
         # One caller at a time: a second thread gets a clear error instead
         # of corrupting the state (the test and the set run with no
         # switch of thread or signal handler between them).
@@ -299,6 +302,7 @@ class DatasetIterator(_loop.EpochLoop, Iterator):
             # fails or interrupts it, the batch is loaded again next time.
             self._dispatch_until(self._prefetch_depth + 1)
             self._pending.popleft()
+            self._count_batch(started, self._state, state)
         except StopIteration:
             self._busy = False
             raise
@@ -584,6 +588,7 @@ class DatasetIterator(_loop.EpochLoop, Iterator):
         self._pending = collections.deque()
         self._busy = False
         self._finalized = False
+        self._timing = _stats.Timing()     # a copy counts its own batches
         self._start_transport()
         self._rewind()      # load on from the state, the sampler's too
 

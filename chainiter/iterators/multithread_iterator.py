@@ -61,6 +61,11 @@ class MultithreadIterator(DatasetIterator):
             batch.append(future.result())
         return batch
 
+    def _ready_batches(self):
+        return sum(1 for _, futures in self._pending
+                   if isinstance(futures, list)
+                   and all(future.done() for future in futures))
+
     def _drop_pending(self):
         for _, futures in self._pending:
             for future in futures if isinstance(futures, list) else ():

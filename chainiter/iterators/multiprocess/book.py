@@ -70,6 +70,7 @@ class Book:
         self.short = False         # the last assign found too few workers
         self._held = {}            # worker key -> _Held
         self._reorderer = Reorderer()
+        self.load_s = 0.0          # the workers' seconds loading, in all
 
     # ---- workers -------------------------------------------------------
 
@@ -148,7 +149,10 @@ class Book:
         if batch is None:
             return []
         try:
-            metas, error = pickle.loads(payload)
+            loaded = pickle.loads(payload)
+            metas, error = loaded[0], loaded[1]
+            if len(loaded) > 2:     # how long the worker took
+                self.load_s += loaded[2]
         except Exception as e:
             metas, error = [], RemoteError(
                 None, type(e).__qualname__,

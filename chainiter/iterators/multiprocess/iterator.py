@@ -8,6 +8,7 @@ draws the data flow.
 import functools
 import multiprocessing
 import os
+import time
 import warnings
 import weakref
 
@@ -90,10 +91,14 @@ class MultiprocessIterator(DatasetIterator):
     Arrays handed out may view shared memory; they stay valid and unchanged
     for as long as they are referenced.
 
-    ``stats`` is a dict: ``batches`` handed out, ``by_copy`` of them that
-    came through the socket instead of shared memory (no free slot: batches
-    held by the user or a device prefetcher; the first batch, which sizes
-    the buffers), and ``prefetch``, the depth in use.
+    ``stats`` is the dict of every iterator (``SerialIterator.stats``) and:
+    ``by_copy``, the batches handed out that came through the socket
+    instead of shared memory (no free slot: batches held by the user or a
+    device prefetcher; the first batch, which sizes the buffers);
+    ``prefetch``, the depth in use; ``ready``, batches loaded and waiting
+    in order; ``worker_busy``, the fraction of the workers' time spent
+    loading (``dataset[i]`` and writing to shared memory, as the workers
+    time each chunk) since the timed window began (None before).
     """
 
     PREFETCH_BYTES = 256 * 2 ** 20
@@ -152,7 +157,6 @@ class MultiprocessIterator(DatasetIterator):
         # Until the first batch is measured, 1: that batch is then split
         # among the workers and arrives soonest.
         self._prefetch_depth = n_prefetch or 1
-        self._stats = {'batches': 0, 'by_copy': 0}
         self._start_transport()
         self._start_pool()
         if self._pool.slots.layout is not None:      # from shared_mem
@@ -164,7 +168,36 @@ class MultiprocessIterator(DatasetIterator):
 
     @property
     def stats(self):
-        return dict(self._stats, prefetch=self._prefetch_depth)
+        stats = super().stats
+        stats['by_copy'] = self._by_copy
+        stats['prefetch'] = self._prefetch_depth
+        stats['worker_busy'] = self._worker_busy()
+        return stats
+
+    def reset_stats(self):
+        self._by_copy = 0
+        super().reset_stats()
+
+    def _ready_batches(self):
+        return 0 if self._pool is None else self._pool.ready.qsize()
+
+    def _stats_window_started(self):
+        pool = self._pool
+        self._busy_mark = (id(pool), 0.0 if pool is None else
+                           pool.book.load_s)
+
+    def _worker_busy(self):
+        pool, since = self._pool, self._timing.since
+        if pool is None or since is None:
+            return None
+        span = time.perf_counter() - since
+        pool_id, loaded = self._busy_mark
+        if pool_id != id(pool):     # a new pool since the window began
+            loaded = 0.0
+        if span <= 0:
+            return None
+        return min(1.0, (pool.book.load_s - loaded) /
+                   (self.n_processes * span))
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
@@ -183,6 +216,8 @@ class MultiprocessIterator(DatasetIterator):
         # spawned process starts, where no process may be started).
         self._pool = None
         self._finalizer = None
+        self._by_copy = 0           # for stats: batches that came by copy
+        self._busy_mark = (None, 0.0)   # (id(pool), its load_s) at start
 
     def _start_pool(self):
         slots = SlotPool(self._max_depth + 2, self.batch_size, self._stacked,
@@ -198,7 +233,8 @@ class MultiprocessIterator(DatasetIterator):
         self._finalizer = weakref.finalize(self, self._pool.close)
 
     def _transport_attributes(self):
-        return super()._transport_attributes() + ('_pool', '_finalizer')
+        return super()._transport_attributes() + (
+            '_pool', '_finalizer', '_busy_mark')
 
     # ---- transport ----------------------------------------------------------
 
@@ -237,9 +273,8 @@ class MultiprocessIterator(DatasetIterator):
                 raise remote.rebuild_error(result.error)
         chunks = [result.metas for result in results]
         exporter = pool.hand_out(batch)
-        self._stats['batches'] += 1
         if exporter is None:     # the batch came through the socket
-            self._stats['by_copy'] += 1
+            self._by_copy += 1
             examples = [meta.example for chunk in chunks for meta in chunk]
             if pool.slots.layout is None:
                 self._fit_buffers(examples, None, ())

@@ -5,7 +5,8 @@ To the worker (``multiprocessing.Connection`` framing, read by ``recv``):
 followed by the slot's file descriptor; a ``Task`` as ``encode_task`` made
 it; ``None`` to exit.  From the worker: a fixed header (generation, seq,
 chunk), so that the parent always knows which chunk a result is for,
-followed by the pickled ``(metas, error)``.
+followed by the pickled ``(metas, error, seconds)`` (``seconds``: how long
+the worker took to load the chunk, for ``stats``).
 """
 
 import os
@@ -67,11 +68,12 @@ def header(generation, seq, chunk):
     return _HEADER.pack(generation, seq, chunk)
 
 
-def send_result(conn, task, metas, error):
+def send_result(conn, task, metas, error, seconds=0.0):
     """Send a result as a fixed header, so that the parent always knows
     which chunk it is for, followed by the pickled payload."""
     try:
-        payload = pickle.dumps((metas, error), pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((metas, error, seconds),
+                               pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         index = first_unpicklable(metas, task)
         what = 'example' if error is None else 'exception'
@@ -80,7 +82,7 @@ def send_result(conn, task, metas, error):
             'the {} of dataset[{}] cannot be pickled to send it from the '
             'worker to the main process: {}: {}'.format(
                 what, index, type(e).__qualname__, e),
-            traceback.format_exc(), index)))
+            traceback.format_exc(), index), seconds))
     send_frame(conn, _HEADER.pack(task.generation, task.seq, task.chunk) +
                payload)
 

@@ -161,6 +161,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
         sink = sinks.sink_for(whole, layout, task.start)
         error = None
+        started = time.perf_counter()
         try:
             _context.load_examples(dataset, task.indices, task.seed,
                                    task.spans, sink)
@@ -168,7 +169,8 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             error = remote.capture(e, int(task.indices[len(sink)]))
         metas = [] if error is not None else sink.result()
         try:
-            wire.send_result(conn, task, metas, error)
+            wire.send_result(conn, task, metas, error,
+                             time.perf_counter() - started)
         except (BrokenPipeError, EOFError, ConnectionResetError):
             return
         done += 1

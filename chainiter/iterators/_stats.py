@@ -1,0 +1,189 @@
+"""Is training waiting for data?  ``iterator.stats`` and ``diagnose``.
+
+::
+
+    next(): t0 ── waits for the batch ── t1 ─► user computes ─► next(): t0
+            └───────── wait_s ──────────┘      (elapsed_s - wait_s)
+
+Every ``next()`` that hands out a batch reads the clock twice
+(``time.perf_counter``) and adds to a few counters; nothing else runs per
+batch.  The first batch (which starts workers and sizes buffers) is timed
+apart (``first_batch_s``); the window for ``wait_s``, ``elapsed_s``,
+``wait_fraction`` and ``examples_per_s`` starts when it is handed out (or
+at ``reset_stats()``).  ``diagnose(it)`` reads the dict and says in one
+line whether the loop is input-bound or compute-bound.
+"""
+
+import math
+import os
+import time
+
+#: ``diagnose`` calls a loop input-bound when next() waited at least this
+#: fraction of the time.
+INPUT_BOUND_FRACTION = 0.1
+
+#: Below this many timed batches ``diagnose`` does not judge.
+MIN_BATCHES = 2
+
+#: A MultiprocessIterator's workers count as saturated from this busy
+#: fraction on (more workers help); below it the time goes elsewhere.
+SATURATED_FRACTION = 0.75
+
+
+class Timing:
+    """The counters of one iterator.  A copy or unpickled iterator starts
+    with fresh ones."""
+
+    __slots__ = ('batches', 'examples', 'first_batch_s', 'since', 'last',
+                 'wait_s', 'timed_batches', 'timed_examples')
+
+    def __init__(self, since=None):
+        self.batches = 0
+        self.examples = 0
+        self.first_batch_s = None
+        self.since = since          # the window's start, or None
+        self.last = since
+        self.wait_s = 0.0
+        self.timed_batches = 0
+        self.timed_examples = 0
+
+    def count(self, started, examples):
+        now = time.perf_counter()
+        self.batches += 1
+        self.examples += examples
+        self.last = now
+        if self.since is None:      # the first batch: start-up, apart
+            self.first_batch_s = now - started
+            self.since = now
+            return True             # the window starts
+        self.wait_s += now - started
+        self.timed_batches += 1
+        self.timed_examples += examples
+        return False
+
+    def as_dict(self):
+        elapsed = 0.0 if self.since is None else self.last - self.since
+        timed = self.timed_batches
+        return {
+            'batches': self.batches,
+            'examples': self.examples,
+            'first_batch_s': self.first_batch_s,
+            'wait_s': self.wait_s,
+            'wait_mean_s': self.wait_s / timed if timed else 0.0,
+            'elapsed_s': elapsed,
+            'wait_fraction': self.wait_s / elapsed if elapsed > 0 else 0.0,
+            'examples_per_s': self.timed_examples / elapsed
+            if elapsed > 0 else 0.0,
+            'timed_batches': timed,
+        }
+
+
+def examples_between(before, after, dataset_len):
+    """Examples handed out between two states of one pass."""
+    n = dataset_len if before.order is None else len(before.order)
+    return (after.epoch - before.epoch) * n + \
+        after.current_position - before.current_position
+
+
+class InputStats:
+    """What ``DatasetIterator`` gets for ``stats``; transports add keys by
+    overriding ``stats`` and the hooks."""
+
+    def _count_batch(self, started, before, after):
+        """Called by ``__next__`` for each batch handed out."""
+        if self._timing.count(started, examples_between(
+                before, after, len(self.dataset))):
+            self._stats_window_started()
+
+    def _stats_window_started(self):
+        """The timed window starts now (a transport may note its own
+        counters)."""
+
+    def _ready_batches(self):
+        """Batches loaded ahead and ready to hand out (0: none are)."""
+        return 0
+
+    @property
+    def stats(self):
+        """How the loop went, as a dict (see README, "Reading the stats"):
+        ``batches`` and ``examples`` handed out; ``first_batch_s``, the
+        seconds of the first ``next()``; over the window after it:
+        ``wait_s`` (seconds inside ``next()``), ``wait_mean_s`` (per
+        batch), ``elapsed_s``, ``wait_fraction`` (``wait_s / elapsed_s``),
+        ``examples_per_s``, ``timed_batches``; and ``ready``, batches
+        loaded and waiting now."""
+        stats = self._timing.as_dict()
+        stats['ready'] = self._ready_batches()
+        return stats
+
+    def reset_stats(self):
+        """Zero the counters; the timed window starts now (e.g. after a
+        warm-up, or an evaluation that is not part of the loop)."""
+        self._timing = Timing(time.perf_counter())
+        self._stats_window_started()
+
+
+def _cpus():
+    if hasattr(os, 'sched_getaffinity'):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def diagnose(iterator, threshold=INPUT_BOUND_FRACTION):
+    """One line: is the loop over ``iterator`` input-bound or
+    compute-bound?  Read from ``iterator.stats``; call it after some
+    batches (e.g. at the end of an epoch).
+
+    Input-bound when ``next()`` waited at least ``threshold`` of the time;
+    the line then suggests a worker count that would keep up (more workers
+    for the share of time spent waiting, at most the CPUs available).
+    """
+    stats = iterator.stats
+    if stats.get('timed_batches', 0) < MIN_BATCHES or \
+            stats['elapsed_s'] <= 0:
+        return ('not enough batches to judge yet ({} handed out); call '
+                'diagnose() after a few more'.format(stats['batches']))
+    waited = stats['wait_fraction']
+    head = 'next() waited {:.0%} of the time ({:.3g} ms a batch, {:.4g} ' \
+        'examples/s)'.format(min(waited, 1.0), stats['wait_mean_s'] * 1e3,
+                             stats['examples_per_s'])
+    if waited < threshold:
+        return 'compute-bound: {}; the loader is not the bottleneck'.format(
+            head)
+    return 'input-bound: {}; {}'.format(head, _advice(iterator, stats))
+
+
+def _more_workers(current, waited, cpus):
+    """Workers that would keep up: the loader must get ``1 / (1 -
+    waited)`` times faster."""
+    computing = max(1.0 - min(waited, 1.0), 1e-3)
+    return min(max(current + 1, math.ceil(current / computing)), cpus)
+
+
+def _advice(iterator, stats):
+    cpus = _cpus()
+    waited = stats['wait_fraction']
+    n_processes = getattr(iterator, 'n_processes', None)
+    if n_processes is not None:
+        busy = stats.get('worker_busy')
+        if busy is not None and busy < SATURATED_FRACTION:
+            return ('but the workers were busy only {:.0%} of the time: the '
+                    'main process is the bottleneck (the converter, batches '
+                    'by copy: {} of {}) or the pipeline is too shallow: try '
+                    'n_prefetch={}'.format(busy, stats.get('by_copy', 0),
+                                           stats['batches'],
+                                           2 * stats.get('prefetch', 1)))
+        if n_processes >= cpus:
+            return ('the {} workers use every CPU available: make '
+                    'dataset[i] cheaper (or load on more machines)'.format(
+                        n_processes))
+        return 'try n_processes={}'.format(
+            _more_workers(n_processes, waited, cpus))
+    n_threads = getattr(iterator, 'n_threads', None)
+    if n_threads is not None:
+        return ('try n_threads={} (or MultiprocessIterator(n_processes={}) '
+                'when dataset[i] holds the GIL)'.format(
+                    _more_workers(n_threads, waited, 4 * cpus),
+                    _more_workers(1, waited, cpus)))
+    return 'try MultiprocessIterator(n_processes={})'.format(
+        _more_workers(1, waited, max(cpus, 2)))

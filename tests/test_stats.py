@@ -1,0 +1,124 @@
+"""The statistics (``it.stats``) and the verdict (``chainiter.diagnose``)
+of the in-process iterators; the multiprocess ones are in
+test_multiprocess.py."""
+
+import copy
+import functools
+import pickle
+
+import pytest
+
+import chainiter
+from chainiter import MultithreadIterator, SerialIterator
+from chainiter.iterators import _stats
+
+from helpers import Slow, compute
+
+KINDS = {
+    'serial': SerialIterator,
+    'thread1': functools.partial(MultithreadIterator, n_threads=1),
+    'thread3': functools.partial(MultithreadIterator, n_threads=3),
+}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def make(request):
+    return KINDS[request.param]
+
+
+STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
+             'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
+             'timed_batches', 'ready'}
+
+
+def test_stats_count_batches_and_examples_exactly(make):
+    with make(list(range(10)), 4, repeat=False) as it:
+        assert it.stats['batches'] == 0
+        assert it.stats['first_batch_s'] is None
+        for _ in it:
+            pass
+        stats = it.stats
+    assert set(stats) == STAT_KEYS
+    assert (stats['batches'], stats['examples']) == (3, 10)
+    assert stats['timed_batches'] == 2
+    assert stats['first_batch_s'] >= 0 and stats['wait_s'] >= 0
+    assert 0 <= stats['wait_fraction']
+    with make(list(range(10)), 4) as it:      # wrapping batches count 4
+        for _ in range(5):
+            next(it)
+        assert (it.stats['batches'], it.stats['examples']) == (5, 20)
+        it.reset_stats()
+        assert (it.stats['batches'], it.stats['examples']) == (0, 0)
+        next(it)
+        assert it.stats['timed_batches'] == 1   # the window began at reset
+        copied = copy.copy(it)
+        assert copied.stats['batches'] == 0      # its own counters
+        next(copied)
+        assert it.stats['batches'] == 1
+        assert pickle.loads(pickle.dumps(it)).stats['batches'] == 0
+
+
+def test_multithread_stats_count_ready_batches():
+    with MultithreadIterator(list(range(100)), 4, n_threads=2) as it:
+        next(it)
+        # The next batch loads in the background: wait for it.
+        futures = it._pending[0][1]
+        for future in futures:
+            future.result(timeout=10)
+        assert it.stats['ready'] == 1
+
+
+def test_slow_dataset_fast_consumer_is_input_bound(make):
+    with make(Slow(40, 0.004), 2) as it:
+        for _ in range(8):
+            next(it)
+        verdict = chainiter.diagnose(it)
+        stats = it.stats
+    assert verdict.startswith('input-bound: next() waited'), verdict
+    assert stats['wait_fraction'] > 0.5
+    assert 'try' in verdict
+
+
+def test_fast_dataset_slow_consumer_is_compute_bound():
+    # Threads load the next batch while the consumer computes.
+    with MultithreadIterator(list(range(100)), 4, n_threads=2) as it:
+        next(it)
+        for _ in range(10):
+            compute(0.03)
+            next(it)
+        verdict = chainiter.diagnose(it)
+    assert verdict.startswith('compute-bound: next() waited'), verdict
+    assert 'the loader is not the bottleneck' in verdict
+
+
+def test_diagnose_needs_a_few_batches():
+    with SerialIterator(list(range(10)), 2) as it:
+        assert chainiter.diagnose(it).startswith('not enough batches')
+        next(it)
+        next(it)
+        assert chainiter.diagnose(it).startswith('not enough batches')
+
+
+class _Stub:
+    def __init__(self, stats, **attributes):
+        self.stats = dict(dict.fromkeys(STAT_KEYS, 0), **stats)
+        self.__dict__.update(attributes)
+
+
+@pytest.mark.parametrize('attributes, stats, expected', [
+    ({}, {'wait_fraction': 0.75}, 'try MultiprocessIterator(n_processes='),
+    ({'n_threads': 1}, {'wait_fraction': 0.5}, 'try n_threads=2'),
+    ({'n_processes': 1}, {'wait_fraction': 0.5, 'worker_busy': 0.95},
+     'try n_processes=2'),
+    ({'n_processes': 1}, {'wait_fraction': 0.5, 'worker_busy': 0.3,
+                          'prefetch': 2}, 'try n_prefetch=4'),
+    ({'n_processes': 10 ** 6}, {'wait_fraction': 0.5, 'worker_busy': 1.0},
+     'use every CPU'),
+    ({}, {'wait_fraction': 0.05}, 'compute-bound: next() waited 5%'),
+])
+def test_diagnose_advice(attributes, stats, expected, monkeypatch):
+    monkeypatch.setattr(_stats, '_cpus', lambda: 8)
+    stats = dict(stats, timed_batches=10, elapsed_s=1.0, batches=11,
+                 wait_mean_s=0.01, examples_per_s=100.0)
+    verdict = chainiter.diagnose(_Stub(stats, **attributes))
+    assert expected in verdict, verdict
