@@ -47,8 +47,15 @@ class Timing:
         self.timed_batches = 0
         self.timed_examples = 0
 
-    def count(self, started, examples):
+    def count(self, started, before, after, dataset_len):
+        """A batch handed out: ``next()`` began at ``started`` and moved
+        the state from ``before`` to ``after``; True when the window
+        starts with it."""
         now = time.perf_counter()
+        examples = after.current_position - before.current_position
+        if after.epoch != before.epoch:
+            examples += (after.epoch - before.epoch) * (
+                dataset_len() if before.order is None else len(before.order))
         self.batches += 1
         self.examples += examples
         self.last = now
@@ -78,22 +85,17 @@ class Timing:
         }
 
 
-def examples_between(before, after, dataset_len):
-    """Examples handed out between two states of one pass."""
-    n = dataset_len if before.order is None else len(before.order)
-    return (after.epoch - before.epoch) * n + \
-        after.current_position - before.current_position
-
-
 class InputStats:
     """What ``DatasetIterator`` gets for ``stats``; transports add keys by
     overriding ``stats`` and the hooks."""
 
     def _count_batch(self, started, before, after):
         """Called by ``__next__`` for each batch handed out."""
-        if self._timing.count(started, examples_between(
-                before, after, len(self.dataset))):
+        if self._timing.count(started, before, after, self._dataset_len):
             self._stats_window_started()
+
+    def _dataset_len(self):
+        return len(self.dataset)
 
     def _stats_window_started(self):
         """The timed window starts now (a transport may note its own
