@@ -75,6 +75,17 @@ def test_epochs_cover_every_example_once_and_follow_next(make):
             assert sorted(stream[e * n:(e + 1) * n]) == list(range(n))
 
 
+def test_a_batch_larger_than_an_epoch_is_one_view(make):
+    with make(list(range(3)), 8, shuffle=False) as it, \
+            SerialIterator(list(range(3)), 8, shuffle=False) as ref:
+        for _ in range(4):
+            epoch = it.epoch
+            view = it.one_epoch()
+            assert len(view) == 1
+            assert list(view) == [next(ref)]
+            assert it.epoch > epoch + 1     # it spans more than one epoch
+
+
 def test_one_epoch_mid_epoch_yields_the_rest(make):
     with make(list(range(10)), 3, shuffle=False) as it:
         next(it)
