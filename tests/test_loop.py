@@ -164,3 +164,20 @@ def test_tqdm_shows_the_total():
         bar = tqdm.tqdm(it.one_epoch(), disable=True)
         assert bar.total == 3
         assert len(list(bar)) == 3
+
+
+def test_device_prefetcher_loops_through_itself():
+    """A DevicePrefetcher's view takes its batches from the prefetcher (not
+    the wrapped iterator) and stops at the epoch of the batch handed out."""
+    def views(it, n):
+        return [[b.tolist() for b in v] for v in
+                (list(it.one_epoch()) for _ in range(n))]
+
+    with SerialIterator(list(range(10)), 4, seed=2) as ref:
+        expected = [[[int(i) for i in b] for b in v] for v in
+                    (list(ref.one_epoch()) for _ in range(3))]
+    inner = SerialIterator(list(range(10)), 4, seed=2)
+    with chainiter.DevicePrefetcher(inner, device=None, depth=2) as it:
+        assert len(it) == 3 and bool(it)
+        assert views(it, 3) == expected
+        assert it.stats['batches'] == inner.stats['batches']

@@ -7,6 +7,7 @@ from chainiter.backends._device import parse_device
 from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer
 from chainiter.dataset.convert import concat_examples
 from chainiter.iterators._base import Iterator, _is_deserializer
+from chainiter.iterators._loop import EpochView
 
 _ATTRIBUTES = ('epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
                'previous_epoch_detail')
@@ -31,7 +32,10 @@ class DevicePrefetcher(Iterator):
 
     The epoch attributes and ``serialize()`` are those of the wrapped
     iterator as of the batch handed out: batches fetched ahead are not
-    counted, so a snapshot resumes exactly.
+    counted, so a snapshot resumes exactly.  ``len()`` and ``one_epoch()``
+    are those of the wrapped iterator, the batches coming through this one;
+    ``stats`` are the wrapped iterator's (the batches fetched ahead
+    included).
     """
 
     def __init__(self, iterator, device=None, depth=2, converter=None):
@@ -60,6 +64,16 @@ class DevicePrefetcher(Iterator):
         return None if self._transfer is None else dict(self._transfer.copies)
 
     # ---- the protocol ----------------------------------------------------
+
+    def __len__(self):
+        return len(self.iterator)
+
+    def __bool__(self):
+        return True
+
+    def one_epoch(self, drop_last=False):
+        """As the wrapped iterator's ``one_epoch()``, through this one."""
+        return EpochView(self, drop_last)
 
     def __next__(self):
         self._fill(self.depth + 1)
