@@ -28,11 +28,20 @@ from chainiter.errors import (
     IteratorFinalizedError,
     SnapshotMismatchError,
 )
-from chainiter.iterators import _args, _loop, _state, _stats, order_samplers
+from chainiter.iterators import (
+    _args,
+    _loop,
+    _shard,
+    _state,
+    _stats,
+    order_samplers,
+)
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 #: Version of the snapshot layout written by ``serialize`` (3: a seeded
-#: shuffle's order is named by ``seeded_order``, not stored).
+#: shuffle's order is named by ``seeded_order``, not stored; a sharded
+#: iterator adds ``shard_size`` and ``global_batch_size``, which older
+#: versions ignore).
 SNAPSHOT_FORMAT_VERSION = 3
 
 
@@ -132,6 +141,41 @@ def _real(value, key):
             key, value.item()))
 
 
+def _resolve_shard(shard, seed, drawn):
+    """``(Shard, seed)`` for the ``shard=`` argument: ``(rank, size)``,
+    ``'auto'`` (the launcher's environment variables) or a communicator
+    (rank 0's seed is broadcast when ``seed`` is None: the only message)."""
+    if isinstance(shard, str):
+        if shard != 'auto':
+            raise ValueError(
+                "shard must be (rank, size), 'auto' or a communicator, got "
+                "{!r}".format(shard))
+        where = _shard.from_environment()
+    elif isinstance(shard, (tuple, list)):
+        if len(shard) != 2:
+            raise ValueError(
+                'shard=(rank, size) takes two ints, got {!r}'.format(shard))
+        where = _shard.check_shard(*shard)
+    else:
+        from chainiter.distributed import _comm   # never imports mpi4py
+        if not _comm.is_communicator(shard):
+            raise TypeError(
+                "shard must be (rank, size), 'auto' or an mpi4py or ChainerMN "
+                "communicator, got {!r}".format(shard))
+        where = _shard.check_shard(*_comm.rank_size(shard))
+        if seed is None and where.size > 1:
+            drawn = int(_comm.bcast_small(shard, drawn))
+        return where, drawn
+    if seed is None and where.size > 1:
+        raise ValueError(
+            'a sharded iterator needs the same seed on every rank: pass '
+            'seed= (the same int on every rank), or shard=comm (an mpi4py '
+            'communicator) so that rank 0\'s seed is sent to the others; '
+            'got seed=None with shard={!r} (rank {} of {})'.format(
+                shard, where.rank, where.size))
+    return where, drawn
+
+
 class _Failed:
     """A pending batch whose indices could not be computed."""
 
@@ -155,7 +199,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     save_order = False
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 order_sampler=None, seed=None):
+                 order_sampler=None, seed=None, shard=None):
         _chainer_compat.adopt_if_loaded()
         check_dataset(dataset)
         self.dataset = dataset
@@ -174,6 +218,9 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._shuffle = order_sampler is None and (
             shuffle is None or bool(shuffle))
         self._seed = order_samplers.check_seed(seed)
+        self._shard, self._seed_given = None, seed is not None
+        if shard is not None:
+            self._shard, self._seed = _resolve_shard(shard, seed, self._seed)
         self._resets = 0
         if self._repeat and len(dataset) == 0:
             raise ValueError(
@@ -263,8 +310,14 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                 return  # the end of the iteration, or an error, is queued
             try:
                 ahead, step = _state.advance(
-                    self._ahead, self.batch_size, self._repeat,
+                    self._ahead, self.global_batch_size, self._repeat,
                     len(self.dataset), self._next_order)
+                if step is not None and self._shard is not None:
+                    order = self._ahead.order
+                    step, padding = _shard.shard_step(
+                        step, self._shard, order, len(self.dataset)
+                        if order is None else len(order))
+                    ahead = ahead._replace(padding=padding)
             except Exception as e:
                 # Raised from the next() that would return this batch.
                 self._pending.append((self._ahead, _Failed(e)))
@@ -344,6 +397,15 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._resets += 1
         self._state = self._ahead = self._initial_state()
 
+    def _synchronize(self, seed):
+        """Start over at epoch 0 with ``seed`` (the one every rank got
+        from rank 0: ``create_synchronized_iterator``)."""
+        self._check_alive()
+        self._drop_pending()    # the order sampler may be a new one
+        self._seed = order_samplers.check_seed(seed)
+        self._resets = 0
+        self._state = self._ahead = self._initial_state()
+
     def finalize(self):
         self._finalized = True
         self._drop_pending()
@@ -355,6 +417,25 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     @property
     def seed(self):
         return self._seed
+
+    @property
+    def shard(self):
+        """``Shard(rank, size)`` of a sharded iterator, else None."""
+        return self._shard
+
+    @property
+    def global_batch_size(self):
+        """Examples per step over all ranks: ``size * batch_size`` when
+        sharded, else ``batch_size``."""
+        return self.batch_size * (1 if self._shard is None else
+                                  self._shard.size)
+
+    @property
+    def padding(self):
+        """How many of the last batch's rows repeat an example from the
+        epoch's start to give every rank an equal share of the last, short
+        global batch (sharded, ``repeat=False``); 0 otherwise."""
+        return self._state.padding
 
     @property
     def _pass_seed(self):
@@ -412,6 +493,9 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         serializer('seed', self._seed)
         serializer('reset_count', self._resets)
         serializer('dataset_length', len(self.dataset))
+        if self._shard is not None:
+            serializer('shard_size', self._shard.size)
+            serializer('global_batch_size', self.global_batch_size)
         if state.sampler_state is not None:
             child = serializer['order_sampler']
             for key, value in state.sampler_state.items():
@@ -489,6 +573,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                 raise SnapshotMismatchError(
                     'the snapshot has seed {}; a seed is in [0, 2**63)'.format(
                         seed))
+        self._check_shard_fields(read)
         resets = read('reset_count')
         resets = 0 if resets is None else _integer(resets, 'reset_count')
         if resets < 0:
@@ -500,7 +585,8 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             previous = _real(previous, 'previous_epoch_detail')
         else:
             # Snapshots of old Chainer versions lack it; guess as Chainer does.
-            previous = epoch + (position - self.batch_size) / max(size, 1)
+            previous = epoch + (position - self.global_batch_size) / max(
+                size, 1)
             if epoch + position / max(size, 1) > 0:
                 previous = max(previous, 0.0)
             else:
@@ -519,6 +605,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     'iterator\'s order sampler ({}: {})'.format(
                         type(e).__name__, e)) from e
             sampler_state = self._capture_sampler()
+        if self._shard is not None and self._seed_given and \
+                seed is not None and seed != self._seed:
+            raise SnapshotMismatchError(
+                'the snapshot was written with seed {}, but this sharded '
+                'iterator was built with seed={}: every rank must load the '
+                'same run. Build it with seed={} (or seed=None) to load '
+                'it'.format(seed, self._seed, seed))
         if seeded:
             if seed is None:
                 raise SnapshotMismatchError(
@@ -538,6 +631,27 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._resets = resets
         self._state = self._ahead = _state.IteratorState(
             position, epoch, is_new_epoch, order, previous, sampler_state)
+
+    def _check_shard_fields(self, read):
+        """A snapshot of a sharded iterator loads on any number of ranks
+        with any batch size (elastic): the state is the global position.
+        Its shard fields are checked for sense only."""
+        size, global_batch = read('shard_size'), read('global_batch_size')
+        if (size is None) != (global_batch is None):
+            raise SnapshotMismatchError(
+                'the snapshot has {} but not {}; it is corrupt'.format(
+                    *(('shard_size', 'global_batch_size') if
+                      global_batch is None else
+                      ('global_batch_size', 'shard_size'))))
+        if size is None:
+            return
+        size = _integer(size, 'shard_size')
+        global_batch = _integer(global_batch, 'global_batch_size')
+        if size < 1 or global_batch < 1 or global_batch % size:
+            raise SnapshotMismatchError(
+                'the snapshot has shard_size {} and global_batch_size {}: '
+                'a global batch is shard_size (>= 1) times the batch size '
+                '(>= 1); the snapshot is corrupt'.format(size, global_batch))
 
     def _snapshot_order(self, order, n):
         if order.ndim == 0 and order.dtype == object:

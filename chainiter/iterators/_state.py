@@ -29,6 +29,9 @@ class IteratorState(typing.NamedTuple):
     are index arrays.  ``sampler_state`` is the flattened state of a stateful
     order sampler right after it produced ``order`` (or ``None``), so that a
     snapshot restores the sampler to the point that matches the position.
+    ``padding`` is, for a sharded iterator, how many rows of the batch that
+    led here repeat an example to even out the ranks' shares (see
+    ``_shard``); never saved.
     """
     current_position: int
     epoch: int
@@ -36,6 +39,7 @@ class IteratorState(typing.NamedTuple):
     order: typing.Any
     previous_epoch_detail: float = NO_PREVIOUS_EPOCH_DETAIL
     sampler_state: typing.Optional[dict] = None
+    padding: int = 0
 
 
 class Step(typing.NamedTuple):
@@ -92,7 +96,8 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
         ``(new_state, step)``, or ``(state, None)`` when a non-repeating
         iterator has finished.
     """
-    i, epoch, _, order, _, sampler_state = state
+    i, epoch, order = state.current_position, state.epoch, state.order
+    sampler_state = state.sampler_state
     n = dataset_len if order is None else len(order)
     if not repeat and (epoch > 0 or n == 0):
         # Chainer sets previous_epoch_detail on the call that stops, too.

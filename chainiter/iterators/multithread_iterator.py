@@ -15,17 +15,17 @@ class MultithreadIterator(DatasetIterator):
     """Loads examples in ``n_threads`` threads, one batch ahead of the user.
 
     While the user works on batch ``k``, the threads load batch ``k + 1``.
-    Arguments are those of ``SerialIterator`` plus ``n_threads`` (threads in
-    the pool).  ``finalize()`` (or leaving ``with``) joins the threads.
+    Arguments are those of ``SerialIterator`` (``shard`` too) plus
+    ``n_threads`` (threads in the pool).  ``finalize()`` (or leaving ``with``) joins the threads.
     """
 
     _prefetch_depth = 1
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 n_threads=1, order_sampler=None, *, seed=None):
+                 n_threads=1, order_sampler=None, *, seed=None, shard=None):
         n_threads = _args.positive_int('n_threads', n_threads)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
-                         seed)
+                         seed, shard)
         self.n_threads = n_threads
         self._start_transport()
 

@@ -16,9 +16,18 @@ class SerialIterator(DatasetIterator):
         seed (int or None): with shuffling and no order sampler, epoch ``e``'s
             order is a pure function of ``(seed, e)``; also keys
             ``example_rng()``.  None draws it from numpy's global RNG.
+        shard: load one rank's share of every batch of a data-parallel run:
+            ``(rank, size)``, ``'auto'`` (from the launcher's environment:
+            mpiexec, mpirun, torchrun, srun) or an mpi4py communicator.
+            The iterator steps through one global order by ``size *
+            batch_size`` examples and hands out this rank's ``batch_size``
+            of them; ``epoch``, ``current_position`` and snapshots are the
+            global ones.  With ``seed=None`` a communicator sends rank 0's
+            seed to the others; otherwise pass the same seed on every
+            rank.  See ``chainiter.distributed``.
     """
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 order_sampler=None, *, seed=None):
+                 order_sampler=None, *, seed=None, shard=None):
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
-                         seed)
+                         seed, shard)

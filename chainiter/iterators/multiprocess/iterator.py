@@ -57,8 +57,8 @@ class MultiprocessIterator(DatasetIterator):
     """Loads examples in worker processes, through shared memory.
 
     Args:
-        dataset, batch_size, repeat, shuffle, order_sampler, seed: as for
-            ``SerialIterator``; the batches are the same.
+        dataset, batch_size, repeat, shuffle, order_sampler, seed, shard:
+            as for ``SerialIterator``; the batches are the same.
         n_processes (int or None): worker processes (None: the CPUs this
             process may use).
         n_prefetch (int or None): batches in flight ahead of the one
@@ -111,7 +111,7 @@ class MultiprocessIterator(DatasetIterator):
                  order_sampler=None, dataset_timeout=30.0,
                  maxtasksperchild=None, *, seed=None, converter=None,
                  start_method=None, worker_init_fn=None,
-                 prefetch_bytes=PREFETCH_BYTES):
+                 prefetch_bytes=PREFETCH_BYTES, shard=None):
         self._pool = None
         if n_processes is None:
             n_processes = len(os.sched_getaffinity(0)) if hasattr(
@@ -132,7 +132,7 @@ class MultiprocessIterator(DatasetIterator):
         _args.callable_or_none('converter', converter)
         _args.callable_or_none('worker_init_fn', worker_init_fn)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
-                         seed)
+                         seed, shard)
         self.n_processes = n_processes
         self.n_prefetch = n_prefetch
         self.prefetch_bytes = prefetch_bytes

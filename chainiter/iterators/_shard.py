@@ -1,0 +1,143 @@
+"""Sharding, pure: which rows of each global batch one rank loads.
+
+::
+
+    every rank:  state ── advance(state, size * batch_size) ──► global Step
+                                                                   │
+    rank r:      rows [r * batch_size, (r + 1) * batch_size) ◄── shard_step
+                 (indices, and cut_spans of the spans: example_rng() keys
+                  stay the global (epoch, position))
+
+Every rank keeps the same state (the global position: examples consumed by
+all ranks together) and advances it by the global batch ``size *
+batch_size`` with the pure ``advance``; a rank then keeps its rows of each
+global step.  Nothing is communicated: the ranks agree because the order is
+a pure function of ``(seed, epoch)``.
+
+The remainder ``n % (size * batch_size)`` of an epoch of ``n`` examples:
+
+- ``repeat=True``: as in Chainer, the last global batch of an epoch is filled
+  up from the next epoch's order, so every global batch is full and every
+  rank gets ``batch_size`` rows each step.  Epoch ``e``'s examples are dealt
+  out exactly once over the ranks.
+- ``repeat=False``: the last global batch has ``m`` examples, ``0 < m <=
+  size * batch_size``; each rank gets ``ceil(m / size)`` rows (the same
+  count on every rank, so no rank waits for another in an allreduce), and
+  the ``size * ceil(m / size) - m`` rows missing (fewer than ``size``) are
+  taken from the start of the same epoch's order, wrapping around, as
+  PyTorch's DistributedSampler pads.  Those are the only examples any rank
+  sees twice in an epoch; they are the last rows of the last ranks' last
+  batches (the iterator's ``padding`` counts them).
+
+Changing the global batch (another number of ranks or another batch size)
+changes nothing but where the cuts fall: the stream of (epoch, position) is
+the same, so a run resumed from a snapshot at global position ``p``
+continues with the examples at ``p, p + 1, ...`` of the uninterrupted run.
+"""
+
+import os
+import typing
+
+import numpy
+
+from chainiter.iterators import _args, _state
+
+
+class Shard(typing.NamedTuple):
+    """This process is rank ``rank`` of ``size``."""
+    rank: int
+    size: int
+
+
+#: Launchers' variables, in the order they are looked for: Open MPI's
+#: mpirun, MPICH's and Intel MPI's mpiexec (Hydra, PMI), torchrun, Slurm's
+#: srun.
+LAUNCHER_VARIABLES = (
+    ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
+    ('PMI_RANK', 'PMI_SIZE'),
+    ('RANK', 'WORLD_SIZE'),
+    ('SLURM_PROCID', 'SLURM_NTASKS'),
+)
+
+
+def check_shard(rank, size):
+    """``Shard(rank, size)`` of two valid ints, or a ``ValueError``."""
+    size = _args.positive_int('the shard size (number of ranks)', size)
+    if isinstance(rank, (bool, numpy.bool_)) or not isinstance(
+            rank, (int, numpy.integer)) or not 0 <= rank < size:
+        raise ValueError(
+            'the rank must be an int in [0, {}) for {} ranks, got '
+            '{!r}'.format(size, size, rank))
+    return Shard(int(rank), size)
+
+
+def from_environment(environ=None):
+    """``Shard(rank, size)`` from the launcher's environment variables
+    (``LAUNCHER_VARIABLES``), or ``Shard(0, 1)`` where none is set (a plain
+    ``python train.py``)."""
+    environ = os.environ if environ is None else environ
+    for rank_name, size_name in LAUNCHER_VARIABLES:
+        rank, size = environ.get(rank_name), environ.get(size_name)
+        if rank is None and size is None:
+            continue
+        if rank is None or size is None:
+            raise ValueError(
+                'the environment sets {}={!r} but not {}; the launcher '
+                'sets both. Pass shard=(rank, size) instead'.format(
+                    *((rank_name, rank, size_name) if size is None else
+                      (size_name, size, rank_name))))
+        try:
+            return check_shard(int(rank), int(size))
+        except ValueError as e:
+            raise ValueError(
+                'the environment says {}={!r}, {}={!r}: {}'.format(
+                    rank_name, rank, size_name, size, e)) from None
+    return Shard(0, 1)
+
+
+def share(rows, size):
+    """Rows each rank loads of a global step of ``rows`` rows."""
+    return -(-rows // size)
+
+
+def padding_rows(rows, shard, share_rows):
+    """How many of this rank's rows of a global step of ``rows`` rows (each
+    rank loading ``share_rows``) repeat an example from the epoch's start."""
+    lo = shard.rank * share_rows
+    return max(0, min(share_rows, lo + share_rows - rows))
+
+
+def shard_step(step, shard, order, epoch_size):
+    """Rank ``shard.rank``'s part of the global ``step``.
+
+    Args:
+        step: the ``Step`` of a global batch (``advance`` with ``shard.size
+            * batch_size``).
+        shard: ``Shard(rank, size)``.
+        order: the order of the epoch the step was taken from (the state's
+            order before ``advance``; ``None`` for the identity order): the
+            padding of a short last step comes from its start.
+        epoch_size: the epoch's length (``len(order)``, or the dataset's).
+
+    Returns:
+        ``(local_step, padding)``: the rank's ``Step`` (``ceil(len(step) /
+        size)`` rows, keyed by their global epoch and position) and how many
+        of its last rows are padding.
+    """
+    rows = len(step.indices)
+    each = share(rows, shard.size)
+    missing = each * shard.size - rows
+    indices, spans = step.indices, step.spans
+    if missing:     # a short last step (repeat=False): pad from the start
+        epoch = spans[-1][0]
+        positions = numpy.arange(missing, dtype=numpy.int64) % epoch_size
+        extra = positions if order is None else order.take(positions)
+        extra = numpy.asarray(extra, dtype=numpy.intp)
+        indices = numpy.concatenate([indices, extra])
+        full, rest = divmod(missing, epoch_size)
+        spans = spans + ((epoch, 0, epoch_size),) * full + (
+            ((epoch, 0, rest),) if rest else ())
+    lo = shard.rank * each
+    local = _state.Step(indices[lo:lo + each],
+                        _state.cut_spans(spans, lo, lo + each))
+    return local, padding_rows(rows, shard, each)
