@@ -17,6 +17,7 @@ from chainiter.iterators import (  # NOQA
     DevicePrefetcher, Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
     SerialIterator,
     ShuffleOrderSampler)
+from chainiter import distributed  # NOQA  (mpi4py only on world())
 
 from chainiter import _chainer_compat
 

@@ -1,3 +1,5 @@
+import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +15,31 @@ def test_import_needs_numpy_only():
     out = subprocess.run([sys.executable, '-c', code], check=True,
                          capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == '[]'
+
+
+def test_distributed_imports_no_mpi4py():
+    # mpi4py is imported by chainiter.distributed.world() alone (module
+    # _mpi); a sharded iterator and ChainerMN's API take the communicator
+    # they are given.
+    code = ('import sys, chainiter, chainiter.distributed; '
+            'chainiter.SerialIterator([1, 2], 1, seed=0, shard=(1, 2)); '
+            'print("mpi4py" in sys.modules)')
+    out = subprocess.run([sys.executable, '-c', code], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == 'False'
+    import chainiter.distributed._mpi as mpi
+    with open(mpi.__file__) as f:
+        assert 'mpi4py' in f.read()
+    root = os.path.dirname(chainiter.__file__)
+    importers = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith('.py'):
+                with open(os.path.join(folder, name)) as f:
+                    if re.search(r'^\s*(from|import) mpi4py', f.read(),
+                                 re.MULTILINE):
+                        importers.append(name)
+    assert importers == ['_mpi.py']
 
 
 def test_errors_hierarchy_and_exports():

@@ -1,0 +1,425 @@
+"""Sharding and ChainerMN's API, in one process: the share arithmetic as
+properties over many (N, ranks, batch, repeat), every rank simulated by its
+own iterator; real ranks under mpiexec are in test_mpi.py."""
+
+import itertools
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import SnapshotMismatchError
+from chainiter import distributed
+from chainiter.iterators import _shard, _state, order_samplers
+
+from helpers import restore, snapshot
+
+
+class KeyedDataset:
+    """Example i is (i, a number drawn from example_rng()): equal batches
+    mean equal indices and equal example_rng() keys."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return int(i), int(chainiter.example_rng().integers(2 ** 62))
+
+
+def _global_steps(n, size, batch, repeat, n_steps, seed=3):
+    """Per global step: the (epoch, position, index) rows of each rank,
+    from the pure layer (advance + shard_step)."""
+    order = order_samplers.SeededPermutation(seed, 0, n)
+    state = _state.IteratorState(0, 0, False, order)
+    steps = []
+    for _ in range(n_steps):
+        before = state
+        state, step = _state.advance(
+            state, size * batch, repeat, n,
+            lambda o, p, e: (order_samplers.SeededPermutation(seed, e, n),
+                             None))
+        if step is None:
+            break
+        ranks = []
+        for rank in range(size):
+            local, padding = _shard.shard_step(
+                step, _shard.Shard(rank, size), before.order, n)
+            rows = list(zip(local.epochs.tolist(), local.positions.tolist(),
+                            local.indices.tolist()))
+            ranks.append((rows, padding))
+        steps.append(ranks)
+    return steps, state
+
+
+COMBOS = [(n, size, batch) for n in (1, 2, 5, 7, 12, 23)
+          for size in (1, 2, 3, 4) for batch in (1, 2, 3, 5)]
+
+
+@pytest.mark.parametrize('n,size,batch', COMBOS)
+def test_repeat_every_rank_gets_batch_rows_and_each_epoch_once(n, size,
+                                                               batch):
+    n_steps = -(-3 * n // (size * batch)) + 1
+    steps, _ = _global_steps(n, size, batch, True, n_steps)
+    seen = {}
+    for ranks in steps:
+        for rows, padding in ranks:
+            assert len(rows) == batch and padding == 0
+            for epoch, position, index in rows:
+                key = (epoch, position)
+                assert key not in seen       # disjoint, over ranks and steps
+                seen[key] = index
+    for epoch in range(3):                   # complete: every position
+        indices = [seen[(epoch, p)] for p in range(n)]
+        assert sorted(indices) == list(range(n))
+        assert indices == order_samplers.seeded_order(3, epoch, n).tolist()
+
+
+@pytest.mark.parametrize('n,size,batch', COMBOS + [(0, 2, 3), (3, 5, 2)])
+def test_no_repeat_equal_shares_whole_epoch_padding_only_at_the_end(
+        n, size, batch):
+    steps, _ = _global_steps(n, size, batch, False, n + 2)
+    assert len(steps) == -(-n // (size * batch))
+    order = order_samplers.seeded_order(3, 0, n).tolist()
+    stream = []
+    for k, ranks in enumerate(steps):
+        lengths = {len(rows) for rows, _ in ranks}
+        assert len(lengths) == 1             # the same count on every rank
+        if k < len(steps) - 1:
+            assert lengths == {batch}
+        for rows, padding in ranks:
+            stream.extend(rows)
+    m = n - (len(steps) - 1) * size * batch if steps else 0
+    missing = size * -(-m // size) - m
+    assert missing < size
+    # The epoch in order, then the padding: the epoch's start again.
+    expected = [(0, p, order[p]) for p in range(n)] + \
+        [(0, p % n, order[p % n]) for p in range(missing)]
+    assert stream == expected
+    if steps:
+        assert sum(padding for _, padding in steps[-1]) == missing
+
+
+@pytest.mark.parametrize('kind', ['serial', 'thread'])
+@pytest.mark.parametrize('repeat', [True, False])
+@pytest.mark.parametrize('n,size,batch', [(23, 2, 3), (23, 3, 4), (5, 4, 2),
+                                          (12, 3, 2)])
+def test_ranks_together_give_the_serial_iterators_batches(kind, repeat, n,
+                                                          size, batch):
+    make = {'serial': chainiter.SerialIterator,
+            'thread': chainiter.MultithreadIterator}[kind]
+    dataset = KeyedDataset(n)
+    reference = chainiter.SerialIterator(dataset, size * batch,
+                                         repeat=repeat, seed=5)
+    ranks = [make(dataset, batch, repeat=repeat, seed=5, shard=(r, size))
+             for r in range(size)]
+    for _ in range(3 * n // (size * batch) + 3):
+        try:
+            expected = next(reference)
+        except StopIteration:
+            for it in ranks:
+                with pytest.raises(StopIteration):
+                    next(it)
+            break
+        got = [next(it) for it in ranks]
+        joined = [row for part in got for row in part]
+        pads = sum(it.padding for it in ranks)
+        assert joined[:len(joined) - pads] == expected
+        for it in ranks:
+            assert it.epoch == reference.epoch
+            assert it.is_new_epoch == reference.is_new_epoch
+            assert it.epoch_detail == reference.epoch_detail
+            assert it.current_position == reference.current_position
+            assert it.global_batch_size == size * batch
+            assert it.state_dict()['current_position'] == \
+                reference.current_position
+    else:
+        assert repeat
+    for it in ranks:
+        it.finalize()
+
+
+ELASTIC = [
+    # (n, ranks before, batch before, ranks after, batch after, k steps)
+    (23, 2, 3, 3, 3, 2), (23, 2, 3, 3, 2, 5), (23, 3, 2, 2, 5, 1),
+    (7, 2, 2, 3, 1, 4), (12, 4, 3, 1, 5, 1), (5, 1, 3, 4, 2, 3),
+    (10, 2, 5, 2, 5, 1), (10, 3, 3, 2, 4, 0),
+]
+
+
+def _flat(ranks_batches):
+    return [row for part in ranks_batches for row in part]
+
+
+def _step_all(iterators):
+    """One step on every rank: their batches, or None where all stop
+    (a rank stopping alone fails the test)."""
+    batches = []
+    for it in iterators:
+        try:
+            batches.append(next(it))
+        except StopIteration:
+            batches.append(None)
+    if all(b is None for b in batches):
+        return None
+    assert None not in batches
+    return batches
+
+
+@pytest.mark.parametrize('repeat', [True, False])
+@pytest.mark.parametrize('n,r1,b1,r2,b2,k', ELASTIC)
+def test_elastic_resume_continues_the_stream_without_loss_or_repeat(
+        repeat, n, r1, b1, r2, b2, k):
+    dataset = KeyedDataset(n)
+    # The uninterrupted stream, one example a step.
+    reference = chainiter.SerialIterator(dataset, 1, repeat=repeat, seed=9)
+    expected = list(itertools.islice(
+        (row for batch in reference for row in batch), 3 * n))
+    before = [chainiter.SerialIterator(dataset, b1, repeat=repeat, seed=9,
+                                       shard=(r, r1)) for r in range(r1)]
+    stream = []
+    padding = 0
+    for _ in range(k):
+        got = _step_all(before)
+        if got is None:
+            break
+        stream.extend(_flat(got))
+        padding = sum(it.padding for it in before)
+    states = [it.state_dict() for it in before]
+    assert all(s == states[0] for s in states)   # the same on every rank
+    saved = snapshot(before[0], 'npz')
+    after = [restore(chainiter.MultithreadIterator(
+        dataset, b2, repeat=repeat, seed=9, shard=(r, r2)), saved, 'npz')
+        for r in range(r2)]
+    while len(stream) < len(expected):
+        got = _step_all(after)
+        if got is None:
+            break
+        padding = sum(it.padding for it in after)
+        stream.extend(_flat(got))
+    if repeat:
+        assert stream[:len(expected)] == expected
+    else:
+        assert len(stream) - padding == n
+        assert stream[:n] == expected
+        assert stream[n:] == expected[:padding]
+    for it in after:
+        it.finalize()
+
+
+def test_snapshot_records_the_global_batch_and_loads_unsharded():
+    dataset = KeyedDataset(11)
+    it = chainiter.SerialIterator(dataset, 2, seed=1, shard=(1, 3))
+    next(it)
+    state = it.state_dict()
+    assert state['shard_size'] == 3 and state['global_batch_size'] == 6
+    assert state['current_position'] == 6
+    plain = chainiter.SerialIterator(dataset, 6, seed=1)
+    plain.load_state_dict(state)
+    reference = chainiter.SerialIterator(dataset, 6, seed=1)
+    next(reference)
+    assert next(plain) == next(reference)
+    assert 'shard_size' not in plain.state_dict()
+
+
+def test_snapshot_mismatches_say_what_differs():
+    dataset = KeyedDataset(11)
+    it = chainiter.SerialIterator(dataset, 2, seed=1, shard=(0, 2))
+    next(it)
+    state = it.state_dict()
+    other = chainiter.SerialIterator(dataset, 2, seed=2, shard=(0, 2))
+    with pytest.raises(SnapshotMismatchError, match='seed 1.*seed=2'):
+        other.load_state_dict(state)
+    assert other.current_position == 0        # left as it was
+    shorter = chainiter.SerialIterator(KeyedDataset(10), 2, seed=1,
+                                       shard=(0, 2))
+    with pytest.raises(SnapshotMismatchError, match='length 11.*length 10'):
+        shorter.load_state_dict(state)
+    for bad, message in [
+            (dict(state, global_batch_size=5), 'shard_size 2 and global'),
+            (dict(state, shard_size=0), 'shard_size 0'),
+            ({k: v for k, v in state.items() if k != 'shard_size'},
+             'global_batch_size but not shard_size')]:
+        fresh = chainiter.SerialIterator(dataset, 2, shard=(1, 2), seed=1)
+        with pytest.raises(SnapshotMismatchError, match=message):
+            fresh.load_state_dict(bad)
+        assert fresh.current_position == 0
+
+
+def test_shard_arguments_are_checked():
+    dataset = KeyedDataset(4)
+    with pytest.raises(ValueError, match='same seed on every rank'):
+        chainiter.SerialIterator(dataset, 2, shard=(0, 2))
+    chainiter.SerialIterator(dataset, 2, shard=(0, 1))   # one rank: no need
+    with pytest.raises(ValueError, match=r'rank must be an int in \[0, 2\)'):
+        chainiter.SerialIterator(dataset, 2, seed=0, shard=(2, 2))
+    with pytest.raises(ValueError, match='shard size'):
+        chainiter.SerialIterator(dataset, 2, seed=0, shard=(0, 0))
+    with pytest.raises(ValueError, match='two ints'):
+        chainiter.SerialIterator(dataset, 2, seed=0, shard=(0, 1, 2))
+    with pytest.raises(ValueError, match="'auto'"):
+        chainiter.SerialIterator(dataset, 2, seed=0, shard='mpi')
+    with pytest.raises(TypeError, match='communicator'):
+        chainiter.SerialIterator(dataset, 2, seed=0, shard=object())
+
+
+@pytest.mark.parametrize('names', _shard.LAUNCHER_VARIABLES)
+def test_rank_and_size_from_each_launcher(names):
+    rank_name, size_name = names
+    assert distributed.from_environment({rank_name: '2', size_name: '3'}) \
+        == (2, 3)
+    with pytest.raises(ValueError, match='but not ' + size_name):
+        distributed.from_environment({rank_name: '1'})
+    with pytest.raises(ValueError, match=rank_name):
+        distributed.from_environment({rank_name: '3', size_name: '3'})
+
+
+def test_launchers_in_order_and_one_process_without_any():
+    assert distributed.from_environment({}) == (0, 1)
+    both = {'PMI_RANK': '1', 'PMI_SIZE': '2', 'SLURM_PROCID': '0',
+            'SLURM_NTASKS': '1'}
+    assert distributed.from_environment(both) == (1, 2)
+
+
+def test_shard_auto_reads_the_environment(monkeypatch):
+    for names in _shard.LAUNCHER_VARIABLES:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('RANK', '1')
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    it = chainiter.SerialIterator(list(range(8)), 2, seed=0, shard='auto')
+    assert it.shard == (1, 2)
+    both = chainiter.SerialIterator(list(range(8)), 4, seed=0)
+    assert next(it) == next(both)[2:]
+    with pytest.raises(ValueError, match='same seed'):
+        chainiter.SerialIterator(list(range(8)), 2, shard='auto')
+
+
+def test_multiprocess_shard_keeps_keys_and_worker_info(method):
+    dataset = WorkerKeyedDataset(13)
+    reference = chainiter.SerialIterator(KeyedDataset(13), 6, seed=4)
+    with chainiter.MultiprocessIterator(
+            dataset, 3, seed=4, shard=(1, 2), n_processes=2,
+            start_method=method) as it:
+        for _ in range(5):
+            expected = next(reference)[3:]
+            got = next(it)
+            assert [(i, r) for i, r, _ in got] == expected
+            assert all(worker is not None for _, _, worker in got)
+            assert it.epoch == reference.epoch
+
+
+class WorkerKeyedDataset(KeyedDataset):
+    def __getitem__(self, i):
+        info = chainiter.get_worker_info()
+        return int(i), int(chainiter.example_rng().integers(2 ** 62)), \
+            None if info is None else info.id
+
+
+# ---- ChainerMN's API with a stand-in communicator --------------------------
+
+
+class FakeComm:
+    """One rank of an mpi4py-like communicator whose broadcasts come from a
+    log the root wrote first (run the root's part before the others')."""
+
+    def __init__(self, log, rank, size):
+        self.log, self.rank_, self.size_, self.read = log, rank, size, 0
+
+    def Get_rank(self):
+        return self.rank_
+
+    def Get_size(self):
+        return self.size_
+
+    def _bcast(self, obj, root, copy):
+        if self.rank_ == root:
+            self.log.append(copy(obj))
+            return obj
+        self.read += 1
+        return self.log[self.read - 1]
+
+    def bcast(self, obj, root=0):
+        return self._bcast(obj, root, lambda x: x)
+
+    def Bcast(self, buffer, root=0):
+        got = self._bcast(buffer, root, numpy.copy)
+        buffer[...] = got
+
+
+def _world(size):
+    log = []
+    return [FakeComm(log, r, size) for r in range(size)]
+
+
+@pytest.mark.parametrize('force', [True, False])
+def test_share_bounds_as_chainermn(force):
+    for n, size in itertools.product(range(0, 30), range(1, 7)):
+        bounds = distributed.share_bounds(n, size, force)
+        covered = [i for b, e in bounds for i in range(b, e)]
+        assert set(covered) == set(range(n))
+        assert all(0 <= b <= e <= n for b, e in bounds)
+        lengths = [e - b for b, e in bounds]
+        if force:
+            assert set(lengths) == {-(-n // size)}
+        else:
+            assert len(covered) == n and max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize('root', [0, 2])
+@pytest.mark.parametrize('shuffle', [False, True])
+def test_scatter_dataset_from_the_root(root, shuffle):
+    dataset = list(range(100, 117))
+    comms = _world(3)
+    ranks = [root] + [r for r in range(3) if r != root]
+    shares = {}
+    for r in ranks:
+        shares[r] = distributed.scatter_dataset(
+            dataset if r == root else None, comms[r], root=root,
+            shuffle=shuffle, seed=7, max_buf_len=16)   # in pieces
+    order = numpy.random.RandomState(7).permutation(17) if shuffle else \
+        numpy.arange(17)
+    for r in range(3):
+        b, e = distributed.share_bounds(17, 3)[r]
+        assert list(shares[r]) == [dataset[i] for i in order[b:e]]
+    comms = _world(3)
+    got = [distributed.scatter_index(17 if r == 0 else None, comms[r],
+                                     force_equal_length=False)
+           for r in range(3)]
+    assert got == [(0, 6), (6, 12), (12, 17)]
+
+
+def test_create_synchronized_iterator_gives_rank_0s_batches():
+    comms = _world(4)
+    dataset = KeyedDataset(10)
+    its = [chainiter.SerialIterator(dataset, 4, seed=r) for r in range(3)]
+    its.append(chainiter.SerialIterator(
+        dataset, 4, order_sampler=chainiter.ShuffleOrderSampler()))
+    its = [distributed.create_synchronized_iterator(it, comm)
+           for it, comm in zip(its, comms)]
+    assert [it.seed for it in its] == [0, 0, 0, 0]
+    reference = chainiter.SerialIterator(dataset, 4, seed=0)
+    for _ in range(5):
+        batches = [next(it) for it in its[:3]]
+        assert batches[0] == batches[1] == batches[2] == next(reference)
+    # An order sampler is replaced by one seeded from rank 0's seed.
+    again = chainiter.SerialIterator(
+        dataset, 4, order_sampler=chainiter.ShuffleOrderSampler(
+            numpy.random.RandomState(0)), seed=0)
+    assert next(its[3]) == next(again)
+    with pytest.raises(ValueError, match='order_sampler'):
+        distributed.create_synchronized_iterator(object(), comms[0])
+
+
+def test_sharded_iterator_with_a_communicator_gets_rank_0s_seed():
+    comms = _world(2)
+    dataset = KeyedDataset(9)
+    numpy.random.seed(0)
+    first = chainiter.SerialIterator(dataset, 2, shard=comms[0])
+    second = chainiter.SerialIterator(dataset, 2, shard=comms[1])
+    assert first.seed == second.seed and second.shard == (1, 2)
+    assert len(comms[0].log) == 1        # the only message
+    given = chainiter.SerialIterator(dataset, 2, seed=3, shard=comms[0])
+    assert given.seed == 3 and len(comms[0].log) == 1
