@@ -307,7 +307,10 @@ def test_multiprocess_shard_keeps_keys_and_worker_info(method):
             expected = next(reference)[3:]
             got = next(it)
             assert [(i, r) for i, r, _ in got] == expected
-            assert all(worker is not None for _, _, worker in got)
+            # The ranks' workers seed their global generators apart.
+            seed = order_samplers.rank_seed(4, 1)
+            assert {s for _, _, s in got} <= {seed, seed + 1}
+            assert seed not in (4, order_samplers.rank_seed(4, 0))
             assert it.epoch == reference.epoch
 
 
@@ -315,7 +318,7 @@ class WorkerKeyedDataset(KeyedDataset):
     def __getitem__(self, i):
         info = chainiter.get_worker_info()
         return int(i), int(chainiter.example_rng().integers(2 ** 62)), \
-            None if info is None else info.id
+            None if info is None else info.seed
 
 
 # ---- ChainerMN's API with a stand-in communicator --------------------------

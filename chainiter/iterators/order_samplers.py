@@ -22,6 +22,7 @@ import numpy
 _ORDER_STREAM = 0
 _EXAMPLE_STREAM = 1
 _RESET_STREAM = 2
+_RANK_STREAM = 3
 
 
 class OrderSampler:
@@ -87,6 +88,16 @@ def pass_seed(seed, resets):
     words = numpy.random.SeedSequence(
         [seed, _RESET_STREAM, resets]).generate_state(2, numpy.uint64)
     return int(words[0]) >> 1
+
+
+def rank_seed(seed, rank):
+    """The seed of rank ``rank``'s worker processes in a sharded run: a
+    pure function of ``(seed, rank)``, so that the ranks' workers seed
+    numpy's and Python's global generators apart (``example_rng()`` does
+    not depend on it)."""
+    words = numpy.random.SeedSequence(
+        [seed, _RANK_STREAM, rank]).generate_state(2, numpy.uint64)
+    return int(words[0]) >> 2
 
 
 _FEISTEL_ROUNDS = 6

@@ -16,7 +16,7 @@ import numpy
 
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import SharedMemoryWarning, TimeoutWarning
-from chainiter.iterators import _args
+from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators.multiprocess import list_layout, read, remote, share
 from chainiter.iterators.multiprocess.pool import Pool
@@ -227,10 +227,18 @@ class MultiprocessIterator(DatasetIterator):
             slots.replace(list_layout.list_layout(self.batch_size,
                                                   self.shared_mem))
         self._pool = Pool(multiprocessing.get_context(self.start_method),
-                          self.dataset, self.n_processes, self._seed,
+                          self.dataset, self.n_processes, self._worker_seed,
                           self.worker_init_fn, self.maxtasksperchild,
                           self._prefetch_depth, slots)
         self._finalizer = weakref.finalize(self, self._pool.close)
+
+    @property
+    def _worker_seed(self):
+        """The seed the workers' global generators and ``WorkerInfo`` get:
+        the iterator's, or, sharded, one of ``(seed, rank)``."""
+        if self._shard is None:
+            return self._seed
+        return order_samplers.rank_seed(self._seed, self._shard.rank)
 
     def _transport_attributes(self):
         return super()._transport_attributes() + (
