@@ -426,3 +426,32 @@ def test_sharded_iterator_with_a_communicator_gets_rank_0s_seed():
     assert len(comms[0].log) == 1        # the only message
     given = chainiter.SerialIterator(dataset, 2, seed=3, shard=comms[0])
     assert given.seed == 3 and len(comms[0].log) == 1
+
+
+class FakeChainerMNComm:
+    """One rank of a ChainerMN-like communicator (rank, size, bcast_obj),
+    over the same root-first log as FakeComm."""
+
+    def __init__(self, log, rank, size):
+        self.rank, self.size = rank, size
+        self._inner = FakeComm(log, rank, size)
+        self.buffer_lengths = []
+
+    def bcast_obj(self, obj, max_buf_len=256 * 1024 * 1024, root=0):
+        self.buffer_lengths.append(max_buf_len)
+        return self._inner.bcast(obj, root)
+
+
+def test_chainermn_communicators_work_too():
+    log = []
+    comms = [FakeChainerMNComm(log, r, 2) for r in range(2)]
+    shares = [distributed.scatter_dataset(
+        list(range(7)) if r == 0 else None, comms[r], max_buf_len=100)
+        for r in range(2)]
+    assert [list(s) for s in shares] == [[0, 1, 2, 3], [3, 4, 5, 6]]
+    assert comms[1].buffer_lengths[0] == 100
+    its = [chainiter.SerialIterator(KeyedDataset(9), 2, shard=comm)
+           for comm in comms]
+    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
+    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
+    assert next(its[0]) + next(its[1]) == next(both)
