@@ -112,6 +112,7 @@ def test_ranks_share_one_global_order(tmp_path, size):
     order = numpy.random.RandomState(1).permutation(23)
     for o, (b, e) in zip(outputs, bounds):
         assert o['scatter_dataset'] == order[b:e].tolist()
+        assert o['scatter_pieces'] == o['scatter_dataset']
     assert [tuple(o['scatter_index']) for o in outputs] == \
         distributed.share_bounds(23, size, False)
     assert {json.dumps(o['synchronized']) for o in outputs} == {

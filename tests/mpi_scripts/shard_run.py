@@ -69,6 +69,10 @@ def main(out, mode, *args):
             list(range(N)) if rank == 0 else None, comm, shuffle=True,
             seed=1)
         result['scatter_dataset'] = [int(x) for x in share]
+        pieces = distributed.scatter_dataset(       # pickle sent in pieces
+            list(range(N)) if rank == 0 else None, comm, shuffle=True,
+            seed=1, max_buf_len=16)
+        result['scatter_pieces'] = [int(x) for x in pieces]
         result['scatter_index'] = list(distributed.scatter_index(
             N, comm, force_equal_length=False))
         synced = distributed.create_synchronized_iterator(
