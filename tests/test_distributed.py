@@ -455,3 +455,22 @@ def test_chainermn_communicators_work_too():
     assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
     both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
     assert next(its[0]) + next(its[1]) == next(both)
+
+
+@pytest.mark.parametrize('repeat', [True, False])
+@pytest.mark.parametrize('size', [1, 2, 3])
+def test_len_one_epoch_and_stats_count_this_ranks_steps(size, repeat):
+    # 23 examples, 4 per rank and step: ceil(23 / (4 * size)) steps an
+    # epoch on every rank, and stats count the rows this rank received.
+    n, batch = 23, 4
+    steps = -(-n // (batch * size))
+    for rank in range(size):
+        with chainiter.SerialIterator(list(range(n)), batch, repeat=repeat,
+                                      seed=3, shard=(rank, size)) as it:
+            assert len(it) == steps
+            view = it.one_epoch()
+            assert len(view) == steps
+            got = list(view)
+            assert len(got) == steps
+            assert it.stats['examples'] == sum(len(b) for b in got)
+            assert it.stats['batches'] == steps

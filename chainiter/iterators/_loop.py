@@ -16,6 +16,12 @@ the same stream as ``next()`` and cover every example once per epoch.
 """
 
 
+def _step(iterator):
+    """Examples an iterator's position moves by per batch: the global batch
+    of a sharded iterator (each rank gets its share of it)."""
+    return getattr(iterator, 'global_batch_size', iterator.batch_size)
+
+
 def _batches(examples, batch_size, drop_last):
     if drop_last:
         return examples // batch_size
@@ -39,7 +45,7 @@ class EpochView:
         self.drop_last = bool(drop_last) and not iterator.repeat
         self._epoch = iterator.epoch
         left = iterator.epoch_size - iterator.current_position
-        self._len = _batches(left, iterator.batch_size, self.drop_last)
+        self._len = _batches(left, _step(iterator), self.drop_last)
         self._done = False
 
     def __len__(self):
@@ -54,7 +60,7 @@ class EpochView:
             self._done = True
             raise StopIteration
         if self.drop_last and \
-                0 < it.epoch_size - it.current_position < it.batch_size:
+                0 < it.epoch_size - it.current_position < _step(it):
             next(it)     # the short last batch: consumed, not yielded
             self._done = True
             raise StopIteration
@@ -80,9 +86,11 @@ class EpochLoop:
         ``repeat=True`` it is the number of batches that start in an epoch
         entered at position 0; an epoch entered later (the previous one's
         last batch took its first examples) has that many or one fewer.
-        ``len(it.one_epoch())`` is exact for the epoch at hand.
+        ``len(it.one_epoch())`` is exact for the epoch at hand.  A sharded
+        iterator counts its steps: ``ceil(epoch_size / global_batch_size)``,
+        the same on every rank.
         """
-        return _batches(self.epoch_size, self.batch_size, False)
+        return _batches(self.epoch_size, _step(self), False)
 
     def __bool__(self):
         return True    # an iterator is true even for an empty dataset

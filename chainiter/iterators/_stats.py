@@ -47,15 +47,17 @@ class Timing:
         self.timed_batches = 0
         self.timed_examples = 0
 
-    def count(self, started, before, after, dataset_len):
+    def count(self, started, before, after, dataset_len, ranks=1):
         """A batch handed out: ``next()`` began at ``started`` and moved
-        the state from ``before`` to ``after``; True when the window
-        starts with it."""
+        the state from ``before`` to ``after`` (by a global batch shared by
+        ``ranks`` ranks, of which this one got its even share, rounded up as
+        a sharded iterator pads it); True when the window starts with it."""
         now = time.perf_counter()
         examples = after.current_position - before.current_position
         if after.epoch != before.epoch:
             examples += (after.epoch - before.epoch) * (
                 dataset_len() if before.order is None else len(before.order))
+        examples = -(-examples // ranks)
         self.batches += 1
         self.examples += examples
         self.last = now
@@ -91,7 +93,9 @@ class InputStats:
 
     def _count_batch(self, started, before, after):
         """Called by ``__next__`` for each batch handed out."""
-        if self._timing.count(started, before, after, self._dataset_len):
+        shard = getattr(self, '_shard', None)
+        if self._timing.count(started, before, after, self._dataset_len,
+                              1 if shard is None else shard.size):
             self._stats_window_started()
 
     def _dataset_len(self):
