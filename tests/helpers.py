@@ -274,6 +274,14 @@ class Unpicklable:
         raise TypeError('this object refuses to be pickled')
 
 
+class UnpicklableCall(Unpicklable):
+    """A function (a transform, a worker_init_fn) that pickles only by
+    failing."""
+
+    def __call__(self, *args):
+        return args[0]
+
+
 class FailsToUnpickle:
     """Pickles fine, fails when unpickled."""
 

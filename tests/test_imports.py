@@ -10,8 +10,8 @@ import chainiter
 
 def test_import_needs_numpy_only():
     code = ('import sys, chainiter; '
-            'print(sorted(m for m in ("cupy", "mpi4py", "torch") '
-            'if m in sys.modules))')
+            'print(sorted(m for m in ("cupy", "mpi4py", "torch", '
+            '"cloudpickle") if m in sys.modules))')
     out = subprocess.run([sys.executable, '-c', code], check=True,
                          capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == '[]'

@@ -535,12 +535,15 @@ def test_timeout_warning_when_dataset_stalls(method):
 def test_unpicklable_dataset_fails_before_workers_start(method):
     if method == 'fork':
         pytest.skip('fork does not pickle the dataset')
-    dataset = chainiter.datasets.TransformDataset([1, 2], lambda x: x)
-    with pytest.raises(TypeError, match=method + '.*module level.*fork'):
+    # (Lambdas and closures go by value: test_notebook.py.)
+    dataset = chainiter.datasets.TransformDataset([1, 2],
+                                                  helpers.UnpicklableCall())
+    with pytest.raises(TypeError, match=method + '.*refuses to be pickled'
+                       '.*module level.*fork'):
         MultiprocessIterator(dataset, 1, start_method=method)
     with pytest.raises(TypeError, match='worker_init_fn'):
         MultiprocessIterator([1, 2], 1, start_method=method,
-                             worker_init_fn=lambda i: None)
+                             worker_init_fn=helpers.UnpicklableCall())
 
 
 @pytest.mark.parametrize('how', ['finalize', 'with', 'gc'])

@@ -176,3 +176,37 @@ def test_check_picklable_copies_no_array():
     share.check_picklable([numpy.zeros(2 ** 16), numpy.zeros(2 ** 21)])
     with pytest.raises(TypeError):
         share.check_picklable(helpers.Unpicklable())
+
+
+def _big_array_in(function):
+    """The array a function reaches: its closure's, or one of its
+    globals'."""
+    for cell in function.__closure__ or ():
+        if isinstance(cell.cell_contents, numpy.ndarray):
+            return cell.cell_contents
+    return function.__globals__['BIG_GLOBAL']
+
+
+BIG_GLOBAL = numpy.arange(2 ** 18, dtype=numpy.float64)
+
+
+def test_what_goes_by_value_keeps_its_large_arrays_shared():
+    # A lambda and a closure go by value (cloudpickle), and the large
+    # arrays they reach still leave the pickle: a closure's cell, the
+    # globals of a function the workers cannot import.
+    pytest.importorskip('cloudpickle')
+    big = numpy.arange(2 ** 18, dtype=numpy.float64)           # 2 MiB
+    closure = lambda i: big[i]                                  # NOQA: E731
+    uses_global = lambda i: BIG_GLOBAL[i] + 1                   # NOQA: E731
+    try:
+        (got_closure, got_global), size, arrays = _round_trip(
+            (closure, uses_global))
+        assert size < 2 ** 16
+        assert (got_closure(5), got_global(5)) == (5.0, 6.0)
+        for function in (got_closure, got_global):
+            array = _big_array_in(function)
+            assert not array.flags.writeable
+            assert helpers.shared_mapping_of(array) is not None
+        del got_closure, got_global, function, array
+    finally:
+        arrays.release()

@@ -35,7 +35,9 @@ One file, one idea:
   has no threads) and learning when they exit.
 - ``worker.py``: the worker process; ``sinks.py``: where it puts examples.
 - ``share.py``: under spawn and forkserver, the dataset's large arrays
-  travel to the workers as read-only shared memory.
+  travel to the workers as read-only shared memory; ``by_value.py``: what
+  the workers cannot import (a notebook's classes, lambdas) goes by value,
+  through cloudpickle (the one module that imports it).
 - ``slots.py``: the shared-memory slots, their leases and layouts;
   ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
   ``stacked_layout.py``, ``stacked_rows.py``, ``read.py``: where the arrays

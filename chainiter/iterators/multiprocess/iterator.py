@@ -18,7 +18,8 @@ from chainiter.dataset.convert import concat_examples
 from chainiter.errors import SharedMemoryWarning, TimeoutWarning
 from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators.multiprocess import list_layout, read, remote, share
+from chainiter.iterators.multiprocess import (
+    by_value, list_layout, read, remote, share)
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import SlotPool
 
@@ -43,12 +44,20 @@ def _check_picklable(obj, what, method):
         # Locks, events and queues of multiprocessing pickle only while a
         # process starts; they reach the workers then.
         pass
+    except by_value.Missing as e:
+        raise TypeError(
+            'MultiprocessIterator with start method {!r} sends the {} to the '
+            'worker processes by pickling, and it holds {}: only cloudpickle '
+            'can send that, by value, and it is not installed. Run: pip '
+            'install cloudpickle (or define it at the top level of a module '
+            'the workers can import, or use start_method="fork")'.format(
+                method, what, by_value.describe(e.obj))) from e.error
     except Exception as e:
         raise TypeError(
             'MultiprocessIterator with start method {!r} sends the {} to the '
             'worker processes by pickling, but it cannot be pickled ({}: '
             '{}). Define its class and the functions it uses at module '
-            'level (not inside a function, not as a lambda), or use '
+            'level (not inside a function), or use '
             'start_method="fork"'.format(method, what, type(e).__name__, e)
         ) from e
 

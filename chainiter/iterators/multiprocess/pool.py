@@ -64,12 +64,12 @@ class Pool:
                 dataset, seed, n_workers, worker_init_fn, max_tasks))
         else:
             self.shared_arrays = share.ArrayShare()
-            if worker_init_fn is not None:
-                worker_init_fn = share.Shipped(worker_init_fn,
-                                               self.shared_arrays)
+            # The worker_init_fn travels in the dataset's pickle: what a
+            # notebook defines goes by value, and a worker_init_fn that sets
+            # a global the dataset reads must set the dataset's copy of it.
             self.launcher = ProcessLauncher(ctx, (
-                share.Shipped(dataset, self.shared_arrays), seed, n_workers,
-                worker_init_fn, max_tasks))
+                share.Shipped((dataset, worker_init_fn), self.shared_arrays),
+                seed, n_workers, None, max_tasks))
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:

@@ -2,8 +2,9 @@
 
 Under spawn and forkserver a worker gets the dataset by pickling, and each
 worker would unpickle a private copy of every array in it.  Instead the
-dataset (and ``worker_init_fn``) are pickled by ``_Pickler``, which takes
-every large array out of the stream:
+pair ``(dataset, worker_init_fn)`` is pickled (in one pickle, so that what
+goes by value is one copy for both) by ``_Pickler``, which takes every
+large array out of the stream:
 
 ::
 
@@ -14,6 +15,9 @@ every large array out of the stream:
       large ndarray ─► seen before?  its Place
                        a numpy.memmap of a file: (filename, offset)
                        else: a Place in a new block
+      a class or function the worker cannot import (a notebook's, a
+      lambda, a closure: by_value.py) ─► pickled again by _CloudPickler,
+                       which sends those by value (cloudpickle)
       anything else ─► pickled as usual
     a new block: SharedBuffer.allocate, the arrays
     copied in, unmapped (only its descriptor kept)
@@ -59,6 +63,7 @@ from multiprocessing import reduction
 
 import numpy
 
+from chainiter.iterators.multiprocess import by_value
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 #: Arrays of at least this many bytes travel as shared memory.
@@ -136,7 +141,10 @@ def _view(*args):
 
 class _Pickler(pickle.Pickler):
     """Pickles with the large arrays taken out: known ones at their place,
-    new ones given a place in block ``block`` (recorded in ``new``)."""
+    new ones given a place in block ``block`` (recorded in ``new``).  It
+    raises ``_ByValue`` at a class or function that the workers cannot
+    import (``by_value.wanted``): ``_dump`` then takes
+    ``_CloudPickler``, which sends those by value."""
 
     def __init__(self, file, known, block):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
@@ -148,6 +156,8 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if not shareable(obj):
+            if by_value.wanted(obj):
+                return self._by_value(obj)
             return NotImplemented
         found = self.known.get(id(obj)) or self.new.get(id(obj))
         if found is None:
@@ -160,6 +170,58 @@ class _Pickler(pickle.Pickler):
             self.used.add(where.block)
         return _view, tuple(where)
 
+    def _by_value(self, obj):
+        raise _ByValue(obj)
+
+
+class _ByValue(Exception):
+    """Raised by ``_Pickler`` at an object only cloudpickle can send."""
+
+    def __init__(self, obj):
+        super().__init__(obj)
+        self.obj = obj
+
+
+_cloud_pickler = None
+
+
+def _cloud_pickler_class(obj):
+    """``_Pickler`` on top of cloudpickle's pickler (made at the first
+    call): ``by_value.Missing`` when cloudpickle is not installed."""
+    global _cloud_pickler
+    if _cloud_pickler is None:
+        cloudpickle = by_value.cloudpickle(obj)
+
+        class _CloudPickler(_Pickler, cloudpickle.Pickler):
+            """The large arrays taken out as by ``_Pickler``, wherever they
+            are (a function's globals too); the classes and functions the
+            workers cannot import by value, the rest by reference."""
+
+            def _by_value(self, obj):
+                return by_value.reduce(
+                    cloudpickle.Pickler.reducer_override(self, obj), obj)
+
+        _cloud_pickler = _CloudPickler
+    return _cloud_pickler
+
+
+def _dump(obj, file, known, block):
+    """``obj`` pickled into ``file``: the pickler, which tells the arrays
+    it took out.  By plain pickle (as fast, and no cloudpickle needed)
+    unless ``obj`` holds a class or function that only cloudpickle can
+    send; ``file`` must be empty."""
+    pickler = _Pickler(file, known, block)
+    try:
+        pickler.dump(obj)
+        return pickler
+    except _ByValue as e:
+        cls = _cloud_pickler_class(e.obj)
+    file.seek(0)
+    file.truncate()
+    pickler = cls(file, known, block)
+    pickler.dump(obj)
+    return pickler
+
 
 class _Discard:
     """A file that forgets what is written (bytes, or the PickleBuffer of
@@ -168,11 +230,18 @@ class _Discard:
     def write(self, data):
         pass
 
+    def seek(self, offset):
+        pass
+
+    def truncate(self):
+        pass
+
 
 def check_picklable(obj):
     """Pickle ``obj`` as a worker would get it, writing nothing anywhere:
-    raises what pickling raises."""
-    _Pickler(_Discard(), {}, 0).dump(obj)
+    raises what pickling raises, and ``by_value.Missing`` when it needs
+    cloudpickle, which is not installed."""
+    _dump(obj, _Discard(), {}, 0)
 
 
 class ArrayShare:
@@ -196,8 +265,7 @@ class ArrayShare:
                 raise RuntimeError('the shared arrays were released')
             key = len(self._blocks)
             stream = io.BytesIO()
-            pickler = _Pickler(stream, self._known, key)
-            pickler.dump(obj)
+            pickler = _dump(obj, stream, self._known, key)
             if key in pickler.used:
                 self._blocks[key] = self._fill(pickler.new, pickler.size)
             self._known.update(pickler.new)

@@ -106,13 +106,11 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
     watch_parent(parent_pid, by_main_thread)
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
-    what = 'the dataset could not be unpickled in the worker'
+    what = 'the dataset (and worker_init_fn) could not be unpickled in ' \
+        'the worker'
     try:
         if isinstance(dataset, share.Received):      # spawn, forkserver
-            dataset = dataset.load()
-        what = 'worker_init_fn could not be unpickled in the worker'
-        if isinstance(worker_init_fn, share.Received):
-            worker_init_fn = worker_init_fn.load()
+            dataset, worker_init_fn = dataset.load()
         what = 'seeding the global RNGs (random, numpy, torch) failed'
         # After the dataset (its module may import torch), before
         # worker_init_fn (which may seed otherwise).
