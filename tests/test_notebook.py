@@ -1,11 +1,13 @@
 """What a notebook cell defines reaches the workers under every start method.
 
-A dataset class, a transform or a ``worker_init_fn`` defined in a notebook
-(module ``__main__`` of a Jupyter kernel), by ``python -c``, or as a lambda
-or a closure cannot be imported by a spawned or forkserver worker: it goes
-by value, through cloudpickle.  Checked in a real Jupyter kernel (nbclient
-runs a notebook built here), in scripts run as files and with ``-c``, and
-without cloudpickle (a clear error before any worker starts).
+A dataset class, a transform, a ``worker_init_fn`` or an exception class
+defined in a notebook (module ``__main__`` of a Jupyter kernel), by
+``python -c``, or as a lambda or a closure cannot be imported by a spawned
+or forkserver worker: it goes by value, through cloudpickle, and examples
+and exceptions of its classes come back as those classes.  Checked in a
+real Jupyter kernel (nbclient runs a notebook built here), in scripts run
+as files and with ``-c``, and without cloudpickle (a clear error before any
+worker starts).
 """
 
 import json
@@ -73,6 +75,18 @@ DEFINITIONS = textwrap.dedent('''\
             return Tagged(i, WORKER.get('id'))
 
 
+    class BadExample(Exception):
+        """An exception of the notebook's own."""
+
+
+    class Bad:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            raise BadExample('example {} is bad'.format(i))
+
+
     def scaled_by(factor):
         def scale(example):               # a closure
             x, t = example
@@ -96,7 +110,15 @@ DEFINITIONS = textwrap.dedent('''\
                 Tags(), 3, n_processes=2, shuffle=False, start_method=method,
                 worker_init_fn=remember_worker) as it:
             tags = next(it) + next(it)
+        try:
+            with chainiter.MultiprocessIterator(
+                    Bad(), 1, n_processes=1, shuffle=False,
+                    start_method=method) as it:
+                next(it)
+        except BadExample as e:
+            raised = str(e)
         return {
+            'raised': raised,
             'method': it.start_method,
             'stacked': [[x.tolist(), t.tolist()] for x, t in got],
             'serial': [[x.tolist(), t.tolist()] for x, t in expected],
@@ -115,6 +137,7 @@ SCRIPT = DEFINITIONS + textwrap.dedent('''
 def _check(result, method):
     """The batches ``run(method)`` returned are the serial ones, and right."""
     assert result['method'] == method
+    assert result['raised'] == 'example 0 is bad'
     assert result['stacked'] == result['serial']
     table = numpy.arange(40, dtype=numpy.float32).reshape(10, 4)
     for x, t in result['stacked']:
