@@ -306,8 +306,9 @@ def test_lambdas_and_closures_go_by_value(method):
     big = numpy.arange(2 ** 18, dtype=numpy.float64)   # goes as shared memory
     dataset = TransformDataset(helpers.Examples(12, 'array'),
                                lambda x: x + big[:6].reshape(2, 3))
+    # Replaced workers (maxtasksperchild) get them too.
     with MultiprocessIterator(dataset, 4, n_processes=2, seed=1,
-                              start_method=method,
+                              start_method=method, maxtasksperchild=2,
                               worker_init_fn=lambda worker_id: None) as it:
         got = [next(it) for _ in range(4)]
     with SerialIterator(dataset, 4, seed=1) as it:

@@ -153,6 +153,7 @@ class _Pickler(pickle.Pickler):
         self.new = {}             # id -> (array, Place or FilePlace)
         self.size = 0             # bytes of the new block
         self.used = set()         # keys of the blocks the stream refers to
+        self.by_value = False     # whether cloudpickle's pickler did it
 
     def reducer_override(self, obj):
         if not shareable(obj):
@@ -205,21 +206,26 @@ def _cloud_pickler_class(obj):
     return _cloud_pickler
 
 
-def _dump(obj, file, known, block):
+def _dump(obj, file, known, block, by_value=False):
     """``obj`` pickled into ``file``: the pickler, which tells the arrays
-    it took out.  By plain pickle (as fast, and no cloudpickle needed)
-    unless ``obj`` holds a class or function that only cloudpickle can
-    send; ``file`` must be empty."""
-    pickler = _Pickler(file, known, block)
-    try:
-        pickler.dump(obj)
-        return pickler
-    except _ByValue as e:
-        cls = _cloud_pickler_class(e.obj)
+    it took out (and ``by_value``, whether it was cloudpickle's).  By plain
+    pickle (as fast, and no cloudpickle needed) unless ``obj`` holds a
+    class or function that only cloudpickle can send, or ``by_value``
+    says it did last time; ``file`` must be empty."""
+    if by_value and _cloud_pickler is not None:
+        cls = _cloud_pickler
+    else:
+        pickler = _Pickler(file, known, block)
+        try:
+            pickler.dump(obj)
+            return pickler
+        except _ByValue as e:
+            cls = _cloud_pickler_class(e.obj)
     file.seek(0)
     file.truncate()
     pickler = cls(file, known, block)
     pickler.dump(obj)
+    pickler.by_value = True
     return pickler
 
 
@@ -255,6 +261,7 @@ class ArrayShare:
         self._lock = threading.Lock()
         self._known = {}        # id(array) -> (array, Place or FilePlace)
         self._blocks = {}       # key -> SharedBuffer, its descriptor only
+        self._by_value = False  # whether it took cloudpickle's pickler
         self._released = False
 
     def dumps(self, obj):
@@ -265,7 +272,8 @@ class ArrayShare:
                 raise RuntimeError('the shared arrays were released')
             key = len(self._blocks)
             stream = io.BytesIO()
-            pickler = _dump(obj, stream, self._known, key)
+            pickler = _dump(obj, stream, self._known, key, self._by_value)
+            self._by_value = pickler.by_value     # the next time too
             if key in pickler.used:
                 self._blocks[key] = self._fill(pickler.new, pickler.size)
             self._known.update(pickler.new)
