@@ -158,8 +158,11 @@ def test_empty_dataset_views_are_empty(make):
             assert len(view) == 0 and list(view) == []
 
 
-def test_tqdm_shows_the_total():
+def test_tqdm_shows_the_total(monkeypatch):
     tqdm = pytest.importorskip('tqdm')
+    # No monitor thread: it would outlive the test, and later tests fork
+    # (Python 3.12+ warns when a process with threads forks).
+    monkeypatch.setattr(tqdm.tqdm, 'monitor_interval', 0)
     with SerialIterator(list(range(10)), 4) as it:
         bar = tqdm.tqdm(it.one_epoch(), disable=True)
         assert bar.total == 3
