@@ -1,6 +1,5 @@
 """Chainer's iterator behaviours, for every in-process iterator kind."""
 
-import functools
 import threading
 
 import numpy
@@ -8,18 +7,6 @@ import pytest
 
 import chainiter
 from chainiter import MultithreadIterator, SerialIterator
-
-KINDS = {
-    'serial': SerialIterator,
-    'thread1': functools.partial(MultithreadIterator, n_threads=1),
-    'thread3': functools.partial(MultithreadIterator, n_threads=3),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def make(request):
-    return KINDS[request.param]
-
 
 def drain_epoch(it):
     seen = []

@@ -1,27 +1,14 @@
 """The PyTorch-style loop (``len(it)``, ``it.one_epoch()``) of the
 in-process iterators; the multiprocess one is in test_multiprocess.py."""
 
-import functools
 
 import numpy
 import pytest
 
 import chainiter
-from chainiter import MultithreadIterator, SerialIterator
+from chainiter import SerialIterator
 
 from helpers import restore, snapshot
-
-KINDS = {
-    'serial': SerialIterator,
-    'thread1': functools.partial(MultithreadIterator, n_threads=1),
-    'thread3': functools.partial(MultithreadIterator, n_threads=3),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def make(request):
-    return KINDS[request.param]
-
 
 def flat(batches):
     return [i for batch in batches for i in batch]

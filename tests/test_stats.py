@@ -3,7 +3,6 @@ of the in-process iterators; the multiprocess ones are in
 test_multiprocess.py."""
 
 import copy
-import functools
 import pickle
 
 import pytest
@@ -13,18 +12,6 @@ from chainiter import MultithreadIterator, SerialIterator
 from chainiter.iterators import _stats
 
 from helpers import Slow, compute
-
-KINDS = {
-    'serial': SerialIterator,
-    'thread1': functools.partial(MultithreadIterator, n_threads=1),
-    'thread3': functools.partial(MultithreadIterator, n_threads=3),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def make(request):
-    return KINDS[request.param]
-
 
 STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
              'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',

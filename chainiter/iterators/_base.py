@@ -230,6 +230,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._finalized = False
         self._busy = False
         self._pending = collections.deque()
+        self._orders = {}      # the last few seeded orders, by key
         self._state = self._initial_state()
         self._ahead = self._state
         self._timing = _stats.Timing()
@@ -269,7 +270,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         # The last few are kept: a batch loaded again after an interrupt
         # or a snapshot finds its order's indices already computed.
         key = (self._pass_seed, epoch, len(self.dataset))
-        orders = self.__dict__.setdefault('_orders', {})
+        orders = self._orders
         order = orders.get(key)
         if order is None:
             order = orders[key] = order_samplers.SeededPermutation(*key)
@@ -700,6 +701,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     def __setstate__(self, pickled):
         self.__dict__.update(pickled)
         self._pending = collections.deque()
+        self._orders = {}
         self._busy = False
         self._finalized = False
         self._timing = _stats.Timing()     # a copy counts its own batches

@@ -139,8 +139,9 @@ class SeededPermutation:
     are walked on until they land inside.  Every round is a bijection of the
     grid, so the result is a permutation for every key.
 
-    Batches ask for neighbouring positions, so the indices are computed a
-    block at a time and the last block is kept.
+    Batches ask for neighbouring positions, so the indices are computed
+    ``block`` positions at a time from the first one asked for, and the last
+    block is kept.
     """
 
     def __init__(self, seed, epoch, n, block=4096):
@@ -214,15 +215,11 @@ class SeededPermutation:
             return cached[start - first:stop - first]
         if stop - start > self.block:
             return self.take(numpy.arange(start, stop))
-        first = start - start % self.block
-        end = min(self.n, max(first + self.block, stop))
-        if stop > first + self.block:     # straddles two blocks
-            first = start
-            end = min(self.n, start + self.block)
-        cached = self.take(numpy.arange(first, end))
+        cached = self.take(numpy.arange(start, min(self.n,
+                                                   start + self.block)))
         cached.flags.writeable = False
-        self._cached = (first, cached)
-        return cached[start - first:stop - first]
+        self._cached = (start, cached)
+        return cached[:stop - start]
 
     def take(self, positions):
         """The indices at ``positions`` (integers in ``[0, n)``)."""
