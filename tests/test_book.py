@@ -148,3 +148,27 @@ def test_slots_stay_busy_while_a_task_may_write_into_them():
     for key, task in zip(keys, tasks):
         book.on_result(key, *result(task))
     assert book.busy_slots(0) == set()
+
+
+def test_a_seeded_task_travels_as_its_orders_keys_not_its_indices():
+    """The worker computes a seeded step's indices (the main process never
+    does); other orders' tasks carry the indices."""
+    from chainiter.iterators._state import IteratorState, advance
+    from chainiter.iterators.multiprocess.wire import (
+        Task, decode_task, encode_task)
+    from chainiter.iterators.order_samplers import SeededPermutation
+    n = 10 ** 8
+
+    def next_order(order, position, epoch):
+        return SeededPermutation(3, epoch, n), None
+
+    state = IteratorState(n - 1000, 0, False, SeededPermutation(3, 0, n))
+    _, step = advance(state, 4096, True, n, next_order)    # two epochs
+    seeded = encode_task(Task(0, 0, 0, 0, step, -1, -1, 3))
+    as_array = Step(numpy.asarray(step.indices), step.spans)
+    explicit = encode_task(Task(0, 0, 0, 0, as_array, -1, -1, 3))
+    assert len(seeded) < 300 < 8 * 4096 < len(explicit)
+    for message in (seeded, explicit):
+        task = decode_task(pickle.loads(message))
+        assert task.indices == step.indices.tolist()
+        assert task.spans == step.spans

@@ -123,3 +123,38 @@ def test_state_is_not_mutated():
     assert state == IteratorState(0, 0, False, order)
     assert list(order) == [1, 0, 2]
     assert new_state.epoch == 1
+
+
+def _seeded_steps(n, batch_size, steps, start=0):
+    from chainiter.iterators.order_samplers import SeededPermutation
+
+    def next_order(order, position, epoch):
+        return SeededPermutation(7, epoch, n), None
+
+    state = IteratorState(start, 0, False, SeededPermutation(7, 0, n))
+    out = []
+    for _ in range(steps):
+        state, step = advance(state, batch_size, True, n, next_order)
+        out.append(step)
+    return out
+
+
+@pytest.mark.parametrize('n', [11, 70000])   # drawn whole, and a network
+def test_a_steps_indices_are_its_orders_at_its_positions(n):
+    from chainiter.iterators.order_samplers import seeded_order
+    for step in _seeded_steps(n, 2 * n // 3 + 1, 4, start=n - 3):
+        expected = numpy.concatenate([seeded_order(7, e, n)[a:b]
+                                      for e, a, b in step.spans])
+        assert step.indices.tolist() == expected.tolist()
+        assert len(step) == len(expected)
+
+
+@pytest.mark.parametrize('start,stop', [(0, 9), (0, 2), (1, 3), (2, 2),
+                                        (3, 9), (4, 8), (7, 9)])
+def test_a_cut_step_is_the_rows_of_the_step(start, stop):
+    step, = _seeded_steps(5, 9, 1, start=3)      # three epochs
+    lazy = step.cut(start, stop)                 # cut before computing
+    rows = step.indices[start:stop]
+    assert lazy.indices.tolist() == rows.tolist()
+    assert lazy.spans == cut_spans(step.spans, start, stop)
+    assert step.cut(start, stop).indices.tolist() == rows.tolist()

@@ -2,7 +2,7 @@
 
 ::
 
-    user ── next() ──► DatasetIterator ── advance(state) ──► Step(indices, spans)
+    user ── next() ──► DatasetIterator ── advance(state) ──► Step(spans, orders)
                           │    ▲                                  │
                           │    └── adopt state_after ◄── batch ◄──┤ transport
                           │                                       │ (_submit/_collect)

@@ -5,8 +5,8 @@
     every rank:  state ── advance(state, size * batch_size) ──► global Step
                                                                    │
     rank r:      rows [r * batch_size, (r + 1) * batch_size) ◄── shard_step
-                 (indices, and cut_spans of the spans: example_rng() keys
-                  stay the global (epoch, position))
+                 (Step.cut: the rows' spans and orders; example_rng()
+                  keys stay the global (epoch, position))
 
 Every rank keeps the same state (the global position: examples consumed by
 all ranks together) and advances it by the global batch ``size *
@@ -124,20 +124,23 @@ def shard_step(step, shard, order, epoch_size):
         size)`` rows, keyed by their global epoch and position) and how many
         of its last rows are padding.
     """
-    rows = len(step.indices)
+    rows = len(step)
     each = share(rows, shard.size)
     missing = each * shard.size - rows
-    indices, spans = step.indices, step.spans
     if missing:     # a short last step (repeat=False): pad from the start
-        epoch = spans[-1][0]
-        positions = numpy.arange(missing, dtype=numpy.int64) % epoch_size
-        extra = positions if order is None else order.take(positions)
-        extra = numpy.asarray(extra, dtype=numpy.intp)
-        indices = numpy.concatenate([indices, extra])
+        epoch = step.spans[-1][0]
         full, rest = divmod(missing, epoch_size)
-        spans = spans + ((epoch, 0, epoch_size),) * full + (
+        pad = ((epoch, 0, epoch_size),) * full + (
             ((epoch, 0, rest),) if rest else ())
+        if step.orders is None:
+            positions = numpy.arange(missing, dtype=numpy.int64) % epoch_size
+            extra = positions if order is None else order.take(positions)
+            step = _state.Step(numpy.concatenate(
+                [step.indices, numpy.asarray(extra, dtype=numpy.intp)]),
+                step.spans + pad)
+        else:
+            step = _state.Step(None, step.spans + pad,
+                               step.orders + (order,) * len(pad))
     lo = shard.rank * each
-    local = _state.Step(indices[lo:lo + each],
-                        _state.cut_spans(spans, lo, lo + each))
+    local = step.cut(lo, lo + each)
     return local, padding_rows(rows, shard, each)

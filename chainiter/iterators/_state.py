@@ -42,13 +42,55 @@ class IteratorState(typing.NamedTuple):
     padding: int = 0
 
 
-class Step(typing.NamedTuple):
+class Step:
     """One batch to load: dataset indices, and the epoch and position
     within that epoch's order each was taken from (the key of
     ``example_rng()``), as spans: ``(epoch, start, stop)`` per epoch the
-    batch draws from, positions ``start...stop - 1`` in order."""
-    indices: numpy.ndarray
-    spans: tuple
+    batch draws from, positions ``start...stop - 1`` in order.
+
+    ``orders`` gives, per span, the order its positions index (None: the
+    identity order); ``indices`` are then computed when first asked for, so
+    a transport that can send the orders themselves (a ``SeededPermutation``
+    is three integers) never computes them in the main process.  Built with
+    ``indices`` (and no orders), a step is just those indices.
+    """
+    __slots__ = ('spans', 'orders', '_indices')
+
+    def __init__(self, indices, spans, orders=None):
+        if indices is None and orders is None:
+            raise ValueError('a Step needs its indices or its orders')
+        self.spans = tuple(spans)
+        self.orders = None if orders is None else tuple(orders)
+        self._indices = indices
+
+    @property
+    def indices(self):
+        if self._indices is None:
+            parts = [numpy.arange(a, b, dtype=numpy.intp) if order is None
+                     else numpy.asarray(order[a:b], dtype=numpy.intp)
+                     for (_, a, b), order in zip(self.spans, self.orders)]
+            self._indices = parts[0] if len(parts) == 1 else \
+                numpy.concatenate(parts) if parts else \
+                numpy.zeros(0, dtype=numpy.intp)
+        return self._indices
+
+    def __len__(self):
+        if self._indices is not None:
+            return len(self._indices)
+        return sum(b - a for _, a, b in self.spans)
+
+    def __repr__(self):
+        return 'Step(spans={!r})'.format(self.spans)
+
+    def cut(self, start, stop):
+        """The step of rows ``start...stop - 1``."""
+        if self.orders is None:
+            return Step(self._indices[start:stop],
+                        cut_spans(self.spans, start, stop))
+        spans, orders = _cut(self.spans, self.orders, start, stop)
+        indices = None if self._indices is None else \
+            self._indices[start:stop]
+        return Step(indices, spans, orders)
 
     @property
     def epochs(self):
@@ -63,14 +105,19 @@ class Step(typing.NamedTuple):
 
 def cut_spans(spans, start, stop):
     """The spans of rows ``start...stop - 1`` of a step with ``spans``."""
-    out = []
+    return _cut(spans, (None,) * len(spans), start, stop)[0]
+
+
+def _cut(spans, orders, start, stop):
+    out, kept = [], []
     row = 0
-    for epoch, a, b in spans:
+    for (epoch, a, b), order in zip(spans, orders):
         lo, hi = max(start - row, 0), min(stop - row, b - a)
         if lo < hi:
             out.append((epoch, a + lo, a + hi))
+            kept.append(order)
         row += b - a
-    return tuple(out)
+    return tuple(out), tuple(kept)
 
 
 def epoch_detail(state, dataset_len):
@@ -126,18 +173,11 @@ def advance(state, batch_size, repeat, dataset_len, next_order):
     if i_end > i or not parts:
         parts.append((epoch, i, i_end, order))
 
-    if len(parts) == 1:     # the common case: one epoch
-        _, a, b, o = parts[0]
-        indices = numpy.arange(a, b, dtype=numpy.intp) if o is None else \
-            o[a:b]
-    else:
-        indices = numpy.concatenate([
-            numpy.arange(a, b, dtype=numpy.intp) if o is None else o[a:b]
-            for _, a, b, o in parts])
+    # The indices are computed when a transport asks for them.
     spans = tuple((e, a, b) for e, a, b, _ in parts)
     new_state = IteratorState(
         i_end, epoch, is_new_epoch, order, previous, sampler_state)
-    return new_state, Step(indices, spans)
+    return new_state, Step(None, spans, [o for _, _, _, o in parts])
 
 
 def check_order(order, dataset_len, epoch_size=None):

@@ -11,8 +11,9 @@ epoch ``e``'s permutation is a pure function of ``(seed, e)``, so a snapshot
 only needs the seed and the epoch, and prefetching never advances hidden RNG
 state.  Beyond 65536 examples the permutation is never held as an array: the
 index at any position is computed when a batch asks for it (a keyed Feistel
-network over the positions), so memory, snapshots and the epoch boundary
-cost the same for a million examples or a billion.
+network over the positions; MultiprocessIterator's workers compute the
+indices of the batches they load), so memory, snapshots and the epoch
+boundary cost the same for a million examples or a billion.
 """
 
 import numpy

@@ -7,10 +7,13 @@
   iterator.py  _base.advance ─► Step
      │
   pool.submit ─► book.open_batch ─► Tasks ─► outbox ──socket──► worker.py
-     │           slots.free ─► a slot        (outbox.py:         dataset[i]
-     │                                        never blocks;     sinks.py writes
-     │                                        receiver.py       the arrays into
-     │                                        writes the rest)  the slot
+     │           slots.free ─► a slot        (outbox.py:         wire.py: the
+     │           (a seeded step travels      never blocks;       indices of a
+     │            as its orders' keys:       receiver.py         seeded step;
+     │            wire.py)                   writes the rest)    dataset[i]
+     │                                                            sinks.py writes
+     │                                                            the arrays into
+     │                                                            the slot
      │
   pool.wait ◄── ready queue ◄── book.on_result ◄──socket──── wire.py: header
      │          (in order:       ◄── receiver.py               + metadata

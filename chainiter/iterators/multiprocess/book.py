@@ -15,7 +15,6 @@ import pickle
 import traceback
 
 from chainiter.errors import ChainiterError, WorkerDiedError
-from chainiter.iterators import _state
 from chainiter.iterators.multiprocess.reorder import Reorderer
 from chainiter.iterators.multiprocess.remote import RemoteError
 from chainiter.iterators.multiprocess.wire import Result, Task
@@ -102,7 +101,7 @@ class Book:
         (none when every batch fails: the batch is then ready)."""
         seq = self.next_seq
         self.next_seq += 1
-        n = len(step.indices)
+        n = len(step)
         # Every message costs, tiny examples too: split a batch only as
         # much as needed to keep every worker busy with the batches in
         # flight.
@@ -112,13 +111,12 @@ class Book:
         if self.failure is not None:
             return batch, []
         if n_chunks == 1:
-            return batch, [Task(self.generation, seq, 0, 0, step.indices,
-                                step.spans, slot_index, buffer_id, seed)]
+            return batch, [Task(self.generation, seq, 0, 0, step, slot_index,
+                                buffer_id, seed)]
         bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
         return batch, [
-            Task(self.generation, seq, chunk, a, step.indices[a:b],
-                 _state.cut_spans(step.spans, a, b), slot_index, buffer_id,
-                 seed)
+            Task(self.generation, seq, chunk, a, step.cut(a, b), slot_index,
+                 buffer_id, seed)
             for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
     def assign(self, task):

@@ -18,38 +18,89 @@ import typing
 
 import numpy
 
+from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess.remote import (
     RemoteError, first_unpicklable)
+from chainiter.iterators.order_samplers import SeededPermutation
 
 class Task(typing.NamedTuple):
     generation: int
     seq: int
     chunk: int
     start: int              # row of the first example within the batch
-    indices: object         # int array in the parent, list in the worker
-    spans: tuple            # epochs and positions, as in Step
+    step: Step              # its rows of the batch's Step
     slot: int               # index of the slot to write into, or -1
     buffer_id: int
     seed: int               # keys example_rng()
 
+    @property
+    def indices(self):
+        """The dataset indices: an int array in the parent, a list in the
+        worker."""
+        return self.step.indices
+
+    @property
+    def spans(self):
+        return self.step.spans
+
 
 def encode_task(task):
     """A task as bytes: a plain tuple with the indices as raw int64, which
-    costs far less to pickle and unpickle than a list of ints."""
-    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
-        task
+    costs far less to pickle and unpickle than a list of ints; or, when
+    every order of the step is seeded (or the identity), the orders' keys
+    instead of the indices: the worker computes them, and the main process
+    never does."""
+    generation, seq, chunk, start, step, slot, buffer_id, seed = task
+    keys = _order_keys(step)
+    indices = None if keys is not None else numpy.asarray(
+        step.indices, dtype=numpy.int64).tobytes()
     return pickle.dumps(
-        (generation, seq, chunk, start,
-         numpy.asarray(indices, dtype=numpy.int64).tobytes(), spans, slot,
+        (generation, seq, chunk, start, indices, keys, step.spans, slot,
          buffer_id, seed), pickle.HIGHEST_PROTOCOL)
 
 
+def _order_keys(step):
+    orders = step.orders
+    if orders is None:
+        return None
+    keys = []
+    for order in orders:
+        if order is None:
+            keys.append(None)
+        elif type(order) is SeededPermutation:
+            keys.append((order.seed, order.epoch, order.n))
+        else:
+            return None
+    return tuple(keys)
+
+
+#: The worker's seeded orders, by key (a few: consecutive tasks read
+#: neighbouring positions of one or two epochs).
+_orders = {}
+_KEPT_ORDERS = 4
+
+
+def _worker_order(key):
+    if key is None:
+        return None
+    order = _orders.get(key)
+    if order is None:
+        order = _orders[key] = SeededPermutation(*key)
+        while len(_orders) > _KEPT_ORDERS:
+            del _orders[next(iter(_orders))]
+    return order
+
+
 def decode_task(message):
-    generation, seq, chunk, start, indices, spans, slot, buffer_id, seed = \
-        message
-    return Task(generation, seq, chunk, start,
-                numpy.frombuffer(indices, dtype=numpy.int64).tolist(), spans,
-                slot, buffer_id, seed)
+    generation, seq, chunk, start, indices, keys, spans, slot, buffer_id, \
+        seed = message
+    if keys is None:
+        step = Step(numpy.frombuffer(indices, dtype=numpy.int64).tolist(),
+                    spans)
+    else:
+        step = Step(Step(None, spans, [_worker_order(k) for k in keys])
+                    .indices.tolist(), spans)
+    return Task(generation, seq, chunk, start, step, slot, buffer_id, seed)
 
 
 class Result(typing.NamedTuple):

@@ -1,4 +1,5 @@
-"""The worker process: turns tasks (lists of indices) into examples.
+"""The worker process: turns tasks (dataset indices, or the seeded orders
+and positions they come from) into examples.
 
 A worker reads the messages of ``wire.py`` from its socket: layouts and
 slots to write into, and tasks.  For a task it loads the examples, writes
