@@ -708,6 +708,36 @@ class BigArrays:
                 shared_mapping_of(self.small) is not None)
 
 
+class LentArrays:
+    """Arrays the user made in shared memory (``chainiter.shared_copy`` and
+    a strided view of a ``chainiter.shared_empty`` array, both large, and a
+    small one).  Example i is values of each and, as the loading process
+    sees them, the mapping that holds each (``shared_mapping_of``) and
+    whether the big one is writeable."""
+
+    def __init__(self, n=16):
+        import chainiter
+        self.n = n
+        self.big = chainiter.shared_copy(
+            numpy.arange(2 ** 19, dtype=numpy.float64))        # 4 MiB
+        whole = chainiter.shared_empty((1024, 512), numpy.int32)
+        whole[...] = numpy.arange(whole.size).reshape(whole.shape)
+        self.strided = whole[::2, 3:]
+        self.small = chainiter.shared_copy(numpy.arange(10))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return (self.big[i * 1000:(i + 1) * 1000].copy(),
+                self.strided[i].copy(), int(self.small[i % 10]),
+                self.where())
+
+    def where(self):
+        return (shared_mapping_of(self.big), shared_mapping_of(self.strided),
+                shared_mapping_of(self.small), self.big.flags.writeable)
+
+
 class WritesBigArray(BigArrays):
     """Example i tries to write into the big array; it is the exception's
     type and message, or 'wrote'."""

@@ -116,6 +116,58 @@ def test_memmap_is_mapped_from_its_file(method, tmp_path):
     assert {writeable for _, _, writeable in batch} == {method == 'fork'}
 
 
+def test_arrays_made_in_shared_memory_are_not_copied(method):
+    # The workers map the very memory of chainiter.shared_copy's and
+    # shared_empty's arrays (the same unlinked file), small ones too: the
+    # process tree holds them once.
+    dataset = helpers.LentArrays()
+    got, expected = _batches(dataset, method, 4)
+    strip = [[example[:-1] for example in batch] for batch in got]
+    assert [fingerprint(b) for b in strip] == \
+        [fingerprint([e[:-1] for e in b]) for b in expected]
+    big, strided, small, writeable = dataset.where()
+    assert big and strided and small and len({big, strided, small}) == 3
+    assert _seen(got) == {(big, strided, small, method == 'fork')}
+
+
+def test_arrays_made_in_shared_memory_leave_nothing_behind(method):
+    gc.collect()        # earlier tests' arrays
+    files, buffers = shm_files(), mapped_buffers()
+    dataset = helpers.LentArrays()
+    assert mapped_buffers() != buffers
+    with MultiprocessIterator(dataset, 4, n_processes=2,
+                              start_method=method) as it:
+        next(it)
+        pids = helpers.worker_pids()
+    assert helpers.wait_processes_gone(pids, timeout=10)
+    del dataset, it
+    gc.collect()
+    assert shm_files() <= files
+    assert mapped_buffers() == buffers
+
+
+def test_shared_copy_is_a_copy_in_shared_memory():
+    from helpers import shared_mapping_of
+    for array in (numpy.arange(12.).reshape(3, 4), numpy.zeros((0, 3)),
+                  numpy.asfortranarray(numpy.ones((5, 6), numpy.int16)),
+                  numpy.arange(10)[::3], numpy.float32(2.5)):
+        copy = chainiter.shared_copy(array)
+        assert type(copy) is numpy.ndarray and copy.dtype == array.dtype
+        assert copy.shape == numpy.shape(array)
+        assert numpy.array_equal(copy, array)
+        assert copy.flags.writeable
+        if copy.size:
+            assert shared_mapping_of(copy) is not None
+            flags = numpy.asarray(array).flags
+            fortran = flags.f_contiguous and not flags.c_contiguous
+            assert copy.flags.f_contiguous if fortran else \
+                copy.flags.c_contiguous
+    empty = chainiter.shared_empty(5, 'u1')
+    assert empty.shape == (5,) and not empty.any()
+    with pytest.raises(TypeError, match='numeric dtype'):
+        chainiter.shared_empty(3, object)
+
+
 # ---- the pickling, in one process ------------------------------------------
 
 class _Descriptor:

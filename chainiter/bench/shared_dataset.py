@@ -24,7 +24,11 @@ _CHUNKS = 64
 class BigArray:
     """Example i is the sum of the i-th of 64 stretches of ``data``."""
 
-    def __init__(self, mib, memmap_dir=None):
+    def __init__(self, mib, memmap_dir=None, shared=False):
+        if shared:      # made in shared memory: the workers map it too
+            self.data = chainiter.shared_empty(mib * 2 ** 20 // 8)
+            self.data[...] = 1.0
+            return
         self.data = numpy.ones(mib * 2 ** 20 // 8, dtype=numpy.float64)
         if memmap_dir is not None:     # the array as a file, mapped
             path = os.path.join(memmap_dir, 'data.npy')
@@ -94,9 +98,12 @@ def main():
     parser.add_argument('--memmap', action='store_true',
                         help='load the array with numpy.load(mmap_mode="r") '
                         'from a temporary file')
+    parser.add_argument('--shared', action='store_true',
+                        help='make the array with chainiter.shared_empty')
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        measure(args, BigArray(args.mib, tmp if args.memmap else None))
+        measure(args, BigArray(args.mib, tmp if args.memmap else None,
+                               args.shared))
 
 
 def measure(args, dataset):
@@ -114,7 +121,7 @@ def measure(args, dataset):
     mib = 1024.0
     print(json.dumps({
         'method': args.method, 'array_mib': args.mib,
-        'memmap': args.memmap,
+        'memmap': args.memmap, 'shared': args.shared,
         'workers': args.workers,
         'first_batch_s': round(first_s, 3),
         'main_rss_mib': round(main_mem['Rss'] / mib, 1),

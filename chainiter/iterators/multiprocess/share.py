@@ -46,11 +46,17 @@ and smaller arrays are pickled by value, as before.
   same file read-only, so the OS shares its pages.  Its workers see what
   is in the file (as under fork); a copy-on-write memmap (mode 'c') is
   copied into the block instead, since its changes are not in the file.
+- Arrays made by ``shared_empty`` / ``shared_copy`` (or views of them)
+  already live in shared memory: they are passed as their own block, not
+  copied, so the process tree holds one copy of them (the main process's
+  array is the workers' too).  Workers map it read-only but see what the
+  main process writes into it later (as with a memmap).
 - Arrays that view other shared memory (e.g. batches of another iterator)
   are copied into the block like any array.
 
 The pure parts: ``shareable``, ``place`` and ``view``; ``ArrayShare`` owns
-the blocks; ``Shipped`` and ``Received`` are the two ends.
+the blocks; ``Shipped`` and ``Received`` are the two ends; ``shared_empty``
+and ``shared_copy`` make the arrays that need no block.
 """
 
 import collections
@@ -59,6 +65,7 @@ import mmap
 import os
 import pickle
 import threading
+import weakref
 from multiprocessing import reduction
 
 import numpy
@@ -133,6 +140,83 @@ def file_view(where):
                          offset=where.start, strides=where.strides)
 
 
+#: Where an array made by ``shared_empty`` lies in its mapping.
+LentPlace = collections.namedtuple(
+    'LentPlace', 'block offset dtype shape strides')
+
+# The mappings of shared_empty's arrays: id(mmap) -> (weakref of the mmap,
+# its descriptor, its size).  The descriptor is closed with the mapping.
+_lent = {}
+
+
+def _forget(key, fd):
+    _lent.pop(key, None)
+    os.close(fd)
+
+
+def shared_empty(shape, dtype=float, order='C'):
+    """A new array, as ``numpy.empty`` (its values are zeros), in shared
+    memory.
+
+    MultiprocessIterator's workers, of every start method, then map this
+    very memory instead of receiving a copy of the array: build a large
+    dataset array here (or with ``shared_copy``) and the process tree holds
+    it once under spawn and forkserver too.  Workers see it read-only, and
+    see what the main process writes into it later.  The memory is freed
+    with the last array that views it; nothing is left in ``/dev/shm``.
+    """
+    dtype = numpy.dtype(dtype)
+    if dtype.hasobject:
+        raise TypeError('shared_empty cannot hold Python objects (dtype '
+                        '{}); use a numeric dtype'.format(dtype))
+    shape = (int(shape),) if isinstance(shape, (int, numpy.integer)) else \
+        tuple(int(n) for n in shape)
+    nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+    shared = SharedBuffer.allocate(max(nbytes, 1))
+    mapping, fd, size = shared.buffer, shared.fd, shared.size
+    shared.fd = -1               # the mapping's finalizer closes it
+    key = id(mapping)
+    _lent[key] = (weakref.ref(mapping), fd, size)
+    weakref.finalize(mapping, _forget, key, fd)
+    return numpy.ndarray(shape, dtype, buffer=mapping, order=order)
+
+
+def shared_copy(array):
+    """A copy of ``array`` in shared memory (see ``shared_empty``); drop
+    the original to hold the data once."""
+    array = numpy.asarray(array)
+    out = shared_empty(array.shape, array.dtype,
+                       'F' if array.flags.f_contiguous and
+                       not array.flags.c_contiguous else 'C')
+    out[...] = array
+    return out
+
+
+def lent_place(array):
+    """``(mapping, fd, size, LentPlace without its block)`` of an array
+    that views ``shared_empty``'s memory, or None."""
+    base = array
+    while isinstance(base, numpy.ndarray):
+        base = base.base
+    if not isinstance(base, mmap.mmap):
+        return None
+    found = _lent.get(id(base))
+    if found is None or found[0]() is not base:
+        return None
+    _, fd, size = found
+    start = numpy.frombuffer(base, numpy.uint8).__array_interface__[
+        'data'][0]
+    offset = array.__array_interface__['data'][0] - start
+    return base, fd, size, LentPlace(None, offset, array.dtype,
+                                     array.shape, array.strides)
+
+
+def lent_view(buffer, where):
+    """The array at ``where`` (a ``LentPlace``) in ``buffer``."""
+    return numpy.ndarray(where.shape, where.dtype, buffer=buffer,
+                         offset=where.offset, strides=where.strides)
+
+
 def _view(*args):
     raise pickle.UnpicklingError(
         'this pickle refers to arrays in shared memory; only '
@@ -146,8 +230,9 @@ class _Pickler(pickle.Pickler):
     import (``by_value.wanted``): ``_dump`` then takes
     ``_CloudPickler``, which sends those by value."""
 
-    def __init__(self, file, known, block):
+    def __init__(self, file, known, block, lent=None):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.lent = lent          # ArrayShare.lend, or None: a check only
         self.known = known        # id -> (array, Place or FilePlace)
         self.block = block
         self.new = {}             # id -> (array, Place or FilePlace)
@@ -156,6 +241,14 @@ class _Pickler(pickle.Pickler):
         self.by_value = False     # whether cloudpickle's pickler did it
 
     def reducer_override(self, obj):
+        if _lent and type(obj) is numpy.ndarray:
+            lent = lent_place(obj)
+            if lent is not None:      # any size: it is shared already
+                mapping, fd, size, where = lent
+                key = 'lent' if self.lent is None else self.lent(
+                    mapping, fd, size)
+                self.used.add(key)
+                return _view, tuple(where._replace(block=key)) + ('lent',)
         if not shareable(obj):
             if by_value.wanted(obj):
                 return self._by_value(obj)
@@ -206,7 +299,7 @@ def _cloud_pickler_class(obj):
     return _cloud_pickler
 
 
-def _dump(obj, file, known, block, by_value=False):
+def _dump(obj, file, known, block, by_value=False, lent=None):
     """``obj`` pickled into ``file``: the pickler, which tells the arrays
     it took out (and ``by_value``, whether it was cloudpickle's).  By plain
     pickle (as fast, and no cloudpickle needed) unless ``obj`` holds a
@@ -215,7 +308,7 @@ def _dump(obj, file, known, block, by_value=False):
     if by_value and _cloud_pickler is not None:
         cls = _cloud_pickler
     else:
-        pickler = _Pickler(file, known, block)
+        pickler = _Pickler(file, known, block, lent)
         try:
             pickler.dump(obj)
             return pickler
@@ -223,7 +316,7 @@ def _dump(obj, file, known, block, by_value=False):
             cls = _cloud_pickler_class(e.obj)
     file.seek(0)
     file.truncate()
-    pickler = cls(file, known, block)
+    pickler = cls(file, known, block, lent)
     pickler.dump(obj)
     pickler.by_value = True
     return pickler
@@ -263,6 +356,16 @@ class ArrayShare:
         self._blocks = {}       # key -> SharedBuffer, its descriptor only
         self._by_value = False  # whether it took cloudpickle's pickler
         self._released = False
+        self._lent = {}         # id(mapping) -> (key, _Lent): kept alive
+
+    def lend(self, mapping, fd, size):
+        """The key of ``shared_empty``'s ``mapping`` among the blocks; the
+        share keeps it (and so its descriptor) alive until released."""
+        found = self._lent.get(id(mapping))
+        if found is None:
+            found = self._lent[id(mapping)] = (
+                'lent-{}'.format(len(self._lent)), _Lent(size, fd, mapping))
+        return found[0]
 
     def dumps(self, obj):
         """``(bytes, {key: SharedBuffer})``: ``obj`` pickled, and the blocks
@@ -272,13 +375,15 @@ class ArrayShare:
                 raise RuntimeError('the shared arrays were released')
             key = len(self._blocks)
             stream = io.BytesIO()
-            pickler = _dump(obj, stream, self._known, key, self._by_value)
+            pickler = _dump(obj, stream, self._known, key, self._by_value,
+                            self.lend)
             self._by_value = pickler.by_value     # the next time too
             if key in pickler.used:
                 self._blocks[key] = self._fill(pickler.new, pickler.size)
             self._known.update(pickler.new)
-            return stream.getvalue(), {k: self._blocks[k]
-                                       for k in pickler.used}
+            blocks = dict(self._blocks)
+            blocks.update(lent for lent in self._lent.values())
+            return stream.getvalue(), {k: blocks[k] for k in pickler.used}
 
     @staticmethod
     def _fill(arrays, size):
@@ -299,8 +404,13 @@ class ArrayShare:
             self._released = True
             blocks, self._blocks = self._blocks, {}
             self._known = {}
+            self._lent = {}         # the user's: not ours to release
         for shared in blocks.values():
             shared.release()
+
+
+class _Lent(collections.namedtuple('_Lent', 'size fd mapping')):
+    """A ``shared_empty`` mapping among a share's blocks."""
 
 
 class Shipped:
@@ -348,6 +458,9 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
     def _view(self, *args):
+        if args[-1] == 'lent':
+            where = LentPlace(*args[:-1])
+            return lent_view(self._buffers[where.block], where)
         if len(args) == len(FilePlace._fields):
             return file_view(FilePlace(*args))
         where = Place(*args)
