@@ -49,3 +49,54 @@ def test_dataset_that_cannot_be_unpickled_in_the_worker(method):
     with MultiprocessIterator(helpers.UnpicklesBadly(), 2, n_processes=2,
                               start_method=method) as it:
         _raises_startup_failure(it, ValueError, 'refuses to be unpickled')
+
+
+_UNGUARDED = '''
+import sys
+import numpy
+import chainiter
+
+
+class Numbers:
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return numpy.float32(i)
+
+
+# No "if __name__ == '__main__':" guard.
+it = chainiter.MultiprocessIterator(Numbers(), 4, n_processes=2,
+                                    shuffle=False, start_method=sys.argv[1])
+print(*[float(x) for x in next(it)])
+it.finalize()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_the_main_guard_is_told_so(method, tmp_path):
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / 'unguarded.py'
+    path.write_text(_UNGUARDED)
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+        [p for p in [env.get('PYTHONPATH')] if p])
+    done = subprocess.run([sys.executable, str(path), method],
+                          cwd=str(tmp_path), env=env, capture_output=True,
+                          text=True, timeout=100)
+    if method == 'fork':       # nothing imports the script again
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ['0.0', '1.0', '2.0', '3.0']
+        return
+    assert done.returncode == 1
+    # Other workers' tracebacks may come after it.
+    last, = [line for line in done.stderr.splitlines() if line.startswith(
+        'chainiter.errors.ChainiterError: worker process')]
+    assert 'before it started' in last
+    assert 'if __name__ == \'__main__\':' in last
+    # Told at the first death: no restarts, no WorkerDiedError.
+    assert 'WorkerRestartWarning' not in done.stderr
+    assert 'WorkerDiedError' not in done.stderr

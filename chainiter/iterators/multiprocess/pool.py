@@ -39,6 +39,7 @@ class Pool:
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_prefetch, slots):
         self.owner = os.getpid()   # only this process may use or close it
+        self.method = ctx.get_start_method()
         self.lock = threading.Lock()
         self.book = Book(n_workers, n_prefetch, max_tasks)
         # In flight, the one the user holds, and one being handed out.
@@ -299,6 +300,21 @@ class Pool:
             how += ' (SIGKILL: probably killed by the OOM killer)'
         died_with = '(pid {}) died with {}'.format(launched.pid, how)
         self.receiver.want()         # a new worker may be needed
+        if code == 1 and not worker.started and not self.closed:
+            # Python's own start-up failed (an exception before the worker
+            # ran): another worker would fail the same way.
+            self._put_ready(self.book.fail_all(
+                'worker process {} {} before it started: Python could not '
+                'start it (its traceback is printed above). Under the {!r} '
+                'start method a worker first imports the main script (as '
+                '__mp_main__); most often the script builds the iterator at '
+                'top level, outside "if __name__ == \'__main__\':", and that '
+                'fails there ("An attempt has been made to start a new '
+                'process before the current process has finished its '
+                'bootstrapping phase"). Put the script\'s code under that '
+                'guard, or use start_method="fork". No more workers are '
+                'started'.format(
+                    worker.id, died_with, self.method), None))
         outcome = self.book.worker_exited(launched.key, code, died_with)
         if self.closed:
             return

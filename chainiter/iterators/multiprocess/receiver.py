@@ -17,7 +17,7 @@ import threading
 
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess.wire import receive_results
-from chainiter.iterators.multiprocess.worker import STARTUP_FAILED
+from chainiter.iterators.multiprocess.worker import STARTED, STARTUP_FAILED
 
 POLL_S = 1.0      # it looks at the sockets at least this often
 # It rests while this many batches wait for the consumer, until fewer than
@@ -209,7 +209,9 @@ class Receiver:
     def _deliver(self, worker, messages):
         pool = self._pool
         for generation, seq, chunk, payload in messages:
-            if seq == STARTUP_FAILED:
+            if seq == STARTED:
+                worker.started = True
+            elif seq == STARTUP_FAILED:
                 pool.on_startup_failure(worker, pickle.loads(payload)[1])
             else:
                 pool.on_result(worker, generation, seq, chunk, payload)

@@ -80,6 +80,9 @@ def _set_parent_death_signal():
 
 #: ``seq`` of the message a worker sends when it cannot start.
 STARTUP_FAILED = -1
+#: ``seq`` of the message a worker sends first: Python has started it (a
+#: worker that exits before it was never ours to run: see pool.on_exit).
+STARTED = -2
 
 #: Tags numpy's global seeds apart from the streams of order_samplers.
 _NUMPY_GLOBAL_STREAM = 0x6e70676c
@@ -105,6 +108,10 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent_pid, by_main_thread)
+    try:
+        wire.send_frame(conn, wire.header(0, STARTED, 0))
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
     what = 'the dataset (and worker_init_fn) could not be unpickled in ' \

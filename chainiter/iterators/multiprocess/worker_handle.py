@@ -17,6 +17,7 @@ class Worker:
         self.at_eof = False    # its end of the socket is closed
         self.buffer_id = -1    # the buffers whose layout it was sent
         self.has_slots = set()  # the SharedBuffers it was sent
+        self.started = False   # it said so: Python got it to worker_main
 
     def send_task(self, task, buffers):
         """Send a task; first the layout and the slot's memory (a message,
