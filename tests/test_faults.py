@@ -423,6 +423,52 @@ def test_descriptors_run_out_under_deep_prefetch(method, tmp_path):
     assert any('n_prefetch=60' in line for line in warned), child.stdout
 
 
+TUNED_FDS_SCRIPT = '''
+import os, resource, sys, warnings
+sys.path.insert(0, {tests!r})
+import numpy
+import chainiter, helpers
+
+
+def main():
+    # The self-tuning depth would take 34 slots for these small batches
+    # (68 descriptors here); it stays within the descriptors there are.
+    dataset = chainiter.datasets.TupleDataset(
+        numpy.arange(4096, dtype=numpy.float32), numpy.arange(4096))
+    open_now = len(os.listdir('/proc/self/fd'))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 64, hard))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 16, n_processes=2, seed=1, start_method={method!r},
+                converter=chainiter.concat_examples) as it, \\
+                chainiter.SerialIterator(dataset, 16, seed=1) as ref:
+            for _ in range(300):
+                assert helpers.fingerprint(next(it)) == \\
+                    helpers.fingerprint(chainiter.concat_examples(next(ref)))
+            print('STATS', it.stats['by_copy'], it.stats['prefetch'])
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_the_self_tuning_depth_stays_within_the_descriptors(method,
+                                                           tmp_path):
+    child = run_script(tmp_path, TUNED_FDS_SCRIPT, method=method)
+    assert 'WARNING' not in child.stdout, child.stdout
+    stats, = [line.split()[1:] for line in child.stdout.splitlines()
+              if line.startswith('STATS')]
+    by_copy, depth = map(int, stats)
+    assert by_copy == 1           # the first batch, which sizes the slots
+    assert 1 <= depth < 32
+
+
 AS_SCRIPT = '''
 import resource, sys, warnings
 sys.path.insert(0, {tests!r})

@@ -21,7 +21,8 @@ from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators.multiprocess import (
     by_value, list_layout, read, remote, share)
 from chainiter.iterators.multiprocess.pool import Pool
-from chainiter.iterators.multiprocess.slots import SlotPool
+from chainiter.iterators.multiprocess.slots import (
+    _SPARE_DESCRIPTORS, SlotPool)
 
 
 def _stacking_padding(converter):
@@ -34,6 +35,20 @@ def _stacking_padding(converter):
             set(converter.keywords) <= {'padding'}:
         return True, converter.keywords.get('padding')
     return False, None
+
+
+def _descriptor_room():
+    """How many more files this process may open (RLIMIT_NOFILE), or
+    None when unknown."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = len(os.listdir('/proc/self/fd'))
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - used)
 
 
 def _check_picklable(obj, what, method):
@@ -75,7 +90,10 @@ class MultiprocessIterator(DatasetIterator):
             default) sizes it from the first batch: 16 per worker for small
             batches (the processes then rarely wait on each other), fewer
             as far as ``prefetch_bytes`` requires, never fewer than 2 per
-            worker (as DataLoader).  ``stats['prefetch']`` tells the depth.
+            worker (as DataLoader) unless the limit of open files
+            (``ulimit -n``) leaves room for fewer slots (each takes two
+            descriptors; it takes half of what is left).
+            ``stats['prefetch']`` tells the depth.
         prefetch_bytes (int): the shared memory the self-tuning depth may
             use for its slots (the depth + 2: the batch the user holds and
             the one being handed out); default 256 MiB.
@@ -215,6 +233,12 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         fits = self.prefetch_bytes // max(slot_bytes, 1) - 2
         depth = max(2 * n, min(self._max_depth, fits))
+        room = _descriptor_room()
+        if room is not None:
+            # A slot holds two descriptors here (its file's and its
+            # mapping's) and one in each worker, and slots leave a spare
+            # (slots.py): take half of the rest, for the program's needs.
+            depth = max(1, min(depth, (room - _SPARE_DESCRIPTORS) // 4 - 2))
         if depth != self._prefetch_depth:
             self._prefetch_depth = depth
             self._pool.set_depth(depth)
