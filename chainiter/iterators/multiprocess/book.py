@@ -68,6 +68,7 @@ class Book:
         self.failure = None        # (message, cause): every batch fails
         self.short = False         # the last assign found too few workers
         self._held = {}            # worker key -> _Held
+        self._busy = {}            # buffer id -> {slot: tasks held for it}
         self._reorderer = Reorderer()
         self.load_s = 0.0          # the workers' seconds loading, in all
 
@@ -89,10 +90,20 @@ class Book:
         return len(self.accepting()) < self.n_workers
 
     def busy_slots(self, buffer_id):
-        """Slots that a task given to a worker may still write into."""
-        return {task.slot for held in self._held.values()
-                for task in held.tasks.values()
-                if task.buffer_id == buffer_id}
+        """Slots that a task given to a worker may still write into (a
+        set-like view, kept as tasks come and go)."""
+        return self._busy.get(buffer_id, {}).keys()
+
+    def _hold(self, held, task):
+        held.tasks[(task.seq, task.chunk)] = task
+        counts = self._busy.setdefault(task.buffer_id, {})
+        counts[task.slot] = counts.get(task.slot, 0) + 1
+
+    def _release(self, task):
+        counts = self._busy[task.buffer_id]
+        counts[task.slot] -= 1
+        if not counts[task.slot]:
+            del counts[task.slot]
 
     # ---- batches -------------------------------------------------------
 
@@ -129,7 +140,7 @@ class Book:
             return None
         key = min(keys, key=lambda k: len(self._held[k].tasks))
         held = self._held[key]
-        held.tasks[(task.seq, task.chunk)] = task
+        self._hold(held, task)
         held.sent += 1
         return key
 
@@ -141,6 +152,8 @@ class Book:
         """A worker's result; returns the batches now ready, in order."""
         held = self._held.get(key)
         task = None if held is None else held.tasks.pop((seq, chunk), None)
+        if task is not None:
+            self._release(task)
         if task is None or generation != self.generation:
             return []
         batch = self.inflight.get(seq)
@@ -194,6 +207,8 @@ class Book:
         messages); returns an ``Exit``."""
         held = self._held.pop(key)
         lost = list(held.tasks.values())
+        for task in lost:
+            self._release(task)
         expected = held.retired or (self.max_tasks is not None
                                     and held.sent >= self.max_tasks)
         if self.failure is not None or (
