@@ -811,3 +811,37 @@ def compute(seconds):
     """Simulated training step: waits ``seconds`` on an event no one sets."""
     import threading
     threading.Event().wait(seconds)
+
+
+class Bucketed:
+    """(float32 array of shape (L, width), int label), L the same within each
+    run of ``batch_size`` examples and changing from run to run through
+    ``lengths``: bucketed sequences, batched unshuffled.  With ``dtypes``
+    the array's dtype changes from run to run as well."""
+
+    def __init__(self, n, batch_size, lengths=(16, 64, 32, 128),
+                 dtypes=(numpy.float32,), width=8):
+        self.n, self.batch_size = n, batch_size
+        self.lengths, self.dtypes, self.width = lengths, dtypes, width
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        run = i // self.batch_size
+        length = self.lengths[run % len(self.lengths)]
+        dtype = self.dtypes[run % len(self.dtypes)]
+        x = numpy.arange(length * self.width, dtype=dtype).reshape(
+            length, self.width) + i
+        return x, i
+
+
+def shm_mapped_bytes():
+    """Bytes of shared-memory files (``/dev/shm``) this process maps."""
+    total = 0
+    with open('/proc/self/maps') as f:
+        for line in f:
+            if '/dev/shm/' in line:
+                start, end = line.split()[0].split('-')
+                total += int(end, 16) - int(start, 16)
+    return total

@@ -16,7 +16,7 @@ def test_bench_smoke_prints_the_table():
     rows = [line for line in out.stdout.splitlines()
             if line.startswith('| ') and 'workload' not in line]
     workloads = {row.split('|')[1].strip() for row in rows}
-    assert workloads == {'images', 'tiny', 'cpu', 'variable'}
+    assert workloads == {'images', 'tiny', 'cpu', 'variable', 'bucketed'}
     loaders = {row.split('|')[3].strip() for row in rows}
     assert loaders == {'chainiter', 'chainiter-list', 'serial'}
 

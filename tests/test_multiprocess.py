@@ -152,15 +152,15 @@ def test_stacked_mode_equals_concat_examples_for_irregular_examples(method):
                               start_method=method) as it, \
             SerialIterator(Irregular(), 4, shuffle=False) as ref, \
             pytest.warns(chainiter.SharedMemoryWarning,
-                         match='did not match the layout measured from the '
-                               'first batch') as record:
+                         match='shared_mem=') as record:
         for step in range(18):
             got = next(it)
             assert_same_arrays(got, concat_examples(next(ref)))
             if step > 0 and step % 6 in (0, 4):
                 # Batches like the first one still go through shared
-                # memory: the odd ones did not change the layout.
+                # memory: the odd ones did not spoil the layout.
                 assert views_shared_memory(got[0]), step
+    # The float64 array outgrew the float32 rows: the buffers grew, once.
     assert len(record) == 1
 
 
@@ -186,6 +186,76 @@ def test_stacked_mode_rejects_shapes_that_only_add_up(method):
         with pytest.raises(ValueError):
             next(it)   # as concat_examples: never a silently reshaped batch
         assert it.current_position == 2
+
+
+# Bucketed data: the shape (or the dtype) of one field changes from batch
+# to batch, each batch uniform; the largest example has these bytes.
+CHANGES = {
+    'lengths': (dict(lengths=(16, 64, 32, 128)), 128 * 64 * 4 + 8),
+    'dtypes': (dict(lengths=(16,), dtypes=(numpy.float32, numpy.float64,
+                                           numpy.int16)), 16 * 64 * 8 + 8),
+}
+
+
+@pytest.mark.parametrize('change', sorted(CHANGES))
+def test_batches_of_changing_shapes_are_written_by_the_workers(method,
+                                                               change):
+    options, largest = CHANGES[change]
+    dataset = helpers.Bucketed(4 * 40, 4, width=64, **options)
+    before = helpers.shm_mapped_bytes()
+    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=2,
+                              shuffle=False, converter=concat_examples,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref, \
+            pytest.warns(chainiter.SharedMemoryWarning,
+                         match='shared_mem=') as record:
+        for step in range(40):
+            got = next(it)
+            assert_same_arrays(got, concat_examples(next(ref)))
+            if step == 11:
+                copies = it.stats['by_copy']
+            elif step > 11:
+                # Every shape seen: the workers write every batch.
+                assert all(views_shared_memory(a) for a in got), step
+        # The first batch, and those that found the buffers too small
+        # (the buffers grow twice at most, with 2 batches in flight).
+        assert it.stats['by_copy'] == copies <= 1 + 2 * 4
+        mapped = helpers.shm_mapped_bytes() - before
+    assert len(record) == 1, [str(w.message) for w in record]
+    # The buffers of the smaller layouts are gone: n_prefetch + 2 slots
+    # of at most GROWTH times the largest batch (and a page each).
+    assert mapped <= 4 * (4 * largest * 1.25 + 8192), mapped
+
+
+def test_bucketed_batches_resume_exactly_and_shared_mem_avoids_copies(
+        method):
+    dataset = helpers.Bucketed(4 * 10, 4, width=64)
+    room = 128 * 64 * 4 + 8
+
+    def mp(n_processes):
+        return lambda: MultiprocessIterator(
+            dataset, 4, n_processes=n_processes, n_prefetch=2,
+            shuffle=False, shared_mem=room, converter=concat_examples,
+            start_method=method)
+    assert_resume_equivalent(mp(2), [mp(1)], 6)
+    with mp(2)() as it:
+        for step in range(12):
+            got = next(it)
+            assert step == 0 or all(views_shared_memory(a) for a in got)
+        assert it.stats['by_copy'] == 1      # the first: it measures
+
+
+def test_bucketed_batches_split_among_workers_equal_concat_examples(method):
+    # One batch in flight for two workers: each batch is cut in two.
+    dataset = helpers.Bucketed(4 * 12, 4, width=64)
+    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=1,
+                              shuffle=False, converter=concat_examples,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref, \
+            warnings.catch_warnings():
+        warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        for _ in range(16):
+            assert_same_arrays(next(it), concat_examples(next(ref)))
 
 
 def views_shared_memory(array):

@@ -156,6 +156,10 @@ def make_loader(name, workload, workers):
     base, factor = parse_loader(name)
     dataset = workload.make()
     batch_size = workload.batch_size
+    if workload.order is not None and batch_size != dataset.block:
+        dataset.block = batch_size     # each batch one bucket
+    order = None if workload.order is None else workload.order(
+        dataset, batch_size)
     if base in ('chainiter', 'chainiter-list'):
         import chainiter
         stacked = base == 'chainiter'
@@ -164,7 +168,7 @@ def make_loader(name, workload, workers):
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
             n_prefetch=factor * workers if factor else None,
-            dataset_timeout=None,
+            dataset_timeout=None, order_sampler=order,
             converter=workload.converter if stacked else None)
         if stacked:
             return it.__next__, it.finalize
@@ -173,9 +177,12 @@ def make_loader(name, workload, workers):
     if base == 'torch':
         import torch.utils.data
         options = {'prefetch_factor': factor} if factor else {}
+        if order is None:
+            options.update(batch_size=batch_size, shuffle=True)
+        else:
+            options.update(batch_sampler=order)
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
-            persistent_workers=workers > 0,
+            dataset, num_workers=workers, persistent_workers=workers > 0,
             collate_fn=workload.torch_collate, **options)
         state = {'it': iter(loader)}
 
@@ -188,12 +195,17 @@ def make_loader(name, workload, workers):
         return next_batch, lambda: state.pop('it', None)
     # serial: a plain loop
     rng = numpy.random.default_rng(0)
-    state = {'order': rng.permutation(len(dataset)), 'pos': 0}
+
+    def permutation():
+        if order is not None:
+            return order.order()
+        return rng.permutation(len(dataset))
+    state = {'order': permutation(), 'pos': 0}
     convert = workload.converter
 
     def next_batch():
         if state['pos'] + batch_size > len(state['order']):
-            state['order'] = rng.permutation(len(dataset))
+            state['order'] = permutation()
             state['pos'] = 0
         indices = state['order'][state['pos']:state['pos'] + batch_size]
         state['pos'] += batch_size

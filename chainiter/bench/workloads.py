@@ -76,6 +76,52 @@ class Variable:
         return numpy.arange(self.lengths[i], dtype=numpy.int32)
 
 
+class Bucketed:
+    """(float32 array of shape (L, 64), int label): bucketed sequences.
+    Each run of ``block`` consecutive examples has one length L, of 16, 32,
+    64 or 128 in turn; ``BlockOrder`` deals the runs out whole, in a random
+    order, so that every batch is one bucket (stacked without padding,
+    its shape changing from batch to batch)."""
+
+    LENGTHS = (16, 32, 64, 128)
+
+    def __init__(self, n=64000, block=64):
+        self.n, self.block = n, block
+        self.data = numpy.random.default_rng(0).random(
+            (128, 64), dtype=numpy.float32)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        length = self.LENGTHS[(i // self.block) % len(self.LENGTHS)]
+        return self.data[:length] + numpy.float32(i % 7), i % 10
+
+
+class BlockOrder:
+    """An order sampler (and DataLoader batch sampler) that shuffles whole
+    runs of ``block`` consecutive indices: each batch of that size is one
+    run."""
+
+    def __init__(self, n, block, seed=0):
+        self.n, self.block = n, block
+        self.rng = numpy.random.default_rng(seed)
+
+    def order(self):
+        blocks = self.rng.permutation(self.n // self.block)
+        return (blocks[:, None] * self.block +
+                numpy.arange(self.block)).reshape(-1)
+
+    def __call__(self, current_order, current_position):
+        return self.order()
+
+    def __iter__(self):         # as DataLoader's batch_sampler
+        return iter(self.order().reshape(-1, self.block).tolist())
+
+    def __len__(self):
+        return self.n // self.block
+
+
 def _pad_collate(batch):
     import torch
     return torch.nn.utils.rnn.pad_sequence(
@@ -84,13 +130,15 @@ def _pad_collate(batch):
 
 class Workload:
     def __init__(self, name, make, batch_size, converter=concat_examples,
-                 torch_collate=None, description=''):
+                 torch_collate=None, description='', order=None):
         self.name = name
         self.make = make
         self.batch_size = batch_size
         self.converter = converter
         self.torch_collate = torch_collate
         self.description = description
+        # order(dataset, batch_size): a BlockOrder, or None to shuffle
+        self.order = order
 
 
 WORKLOADS = {
@@ -105,6 +153,11 @@ WORKLOADS = {
         converter=functools.partial(concat_examples, padding=0),
         torch_collate=_pad_collate,
         description='int32 length 10..2000, padded, batch 64'),
+    'bucketed': Workload(
+        'bucketed', Bucketed, 64,
+        order=lambda dataset, batch_size: BlockOrder(len(dataset),
+                                                     batch_size),
+        description='float32 Lx64 + label, L in 16..128 by batch, batch 64'),
 }
 
 
@@ -156,7 +209,7 @@ def get(name, batch_size=None):
         if batch_size:
             workload = Workload(name, workload.make, batch_size,
                                 workload.converter, workload.torch_collate,
-                                workload.description)
+                                workload.description, workload.order)
         return workload
     check(name)
     return user_workload(name, batch_size or 32)

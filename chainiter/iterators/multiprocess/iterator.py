@@ -109,7 +109,10 @@ class MultiprocessIterator(DatasetIterator):
             tasks.
         converter: applied to each batch.  With ``concat_examples`` (or a
             ``functools.partial`` of it with ``padding``) the workers stack the
-            batch straight into shared memory and ``next()`` returns it.
+            batch straight into shared memory and ``next()`` returns it,
+            also when shapes or dtypes change from batch to batch (bucketed
+            data): a field without padding takes any rows that fit its
+            bytes, and the buffers grow to the largest batch seen.
         start_method (str or None): ``'fork'``, ``'forkserver'``, ``'spawn'``,
             or None for Python's default.
         worker_init_fn: called as ``worker_init_fn(worker_id)`` in each
@@ -119,9 +122,12 @@ class MultiprocessIterator(DatasetIterator):
     for as long as they are referenced.
 
     ``stats`` is the dict of every iterator (``SerialIterator.stats``) and:
-    ``by_copy``, the batches handed out that came through the socket
-    instead of shared memory (no free slot: batches held by the user or a
-    device prefetcher; the first batch, which sizes the buffers);
+    ``by_copy``, the batches handed out that were not (all) written into
+    shared memory by the workers but came through the socket or were
+    stacked by the main process (no free slot: batches held by the user
+    or a device prefetcher; the first batch, which sizes the buffers; a
+    batch with examples larger than any before, which grows them; a batch
+    whose examples differ among themselves);
     ``prefetch``, the depth in use; ``ready``, batches loaded and waiting
     in order; ``worker_busy``, the fraction of the workers' time spent
     loading (``dataset[i]`` and writing to shared memory, as the workers
@@ -327,6 +333,10 @@ class MultiprocessIterator(DatasetIterator):
             numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks)
         if stacked is not None:
             return stacked
+        if oversize or layout.mode == 'stacked':
+            # Some of it came through the socket, or the main process
+            # stacks it.
+            self._by_copy += 1
         if oversize:
             self._fit_buffers(examples, layout, oversize)
         return self._convert(examples)
@@ -377,10 +387,11 @@ class MultiprocessIterator(DatasetIterator):
         self._warned_mismatch = True
         warnings.warn(
             'a batch did not match the layout measured from the first batch '
-            '({}), so the main process stacked it from copies, which is '
-            'slower; every such batch is. Give every example the same '
-            'dtypes and shapes (e.g. make every label an int) to have the '
-            'workers stack it in shared memory'.format(how),
+            '({}) in a way the shared-memory buffers cannot adapt to, so the '
+            'main process stacked it from copies, which is slower; every '
+            'such batch is. Give every example the same structure (and '
+            'padded fields the same dtype and number of dimensions) to have '
+            'the workers stack it in shared memory'.format(how),
             SharedMemoryWarning, stacklevel=5)
 
     def finalize(self):

@@ -11,13 +11,18 @@ Two layouts, both measured from the first batch:
   the worker sends back the example with each array replaced by a
   ``ShmRef(offset, nbytes, shape, dtype)``.  The parent hands out views.
 - ``stacked`` (``converter=concat_examples``): every field of the batch is
-  one array of shape ``(batch_size,) + capacity`` in the slot; worker ``w``
-  writes example ``j`` straight into row ``j`` (padding included), so the
-  parent hands out ``concat_examples``' result without copying.
+  one array in the slot, ``row_bytes`` per example; worker ``w`` writes
+  example ``j`` straight into row ``j`` (padding included), so the parent
+  hands out ``concat_examples``' result without copying.  A padded field's
+  rows have the field's dtype and ``capacity``; the rows of a field without
+  padding have the dtype and shape of the batch's examples (any that fit
+  ``row_bytes``: bucketed data changes them from batch to batch), which
+  the worker reports in ``Rows.specs``.
 
-An example that does not fit (too large, another dtype or structure) is
-sent back whole through the pipe instead; the parent then builds that batch
-the ordinary way, so nothing is ever truncated.
+An example that does not fit (too large, another structure, or unlike the
+examples before it in its chunk) is sent back whole through the pipe
+instead; the parent then builds that batch the ordinary way, so nothing is
+ever truncated, and the buffers grow to fit it.
 """
 
 import typing
@@ -46,10 +51,10 @@ class Whole(typing.NamedTuple):
 
 class Field(typing.NamedTuple):
     key: object          # tuple position, dict key, or None for bare examples
-    dtype: str
-    capacity: tuple      # largest shape the slot holds for one example
+    dtype: str           # padded: the rows'; else: the last batch measured
+    capacity: tuple      # padded: largest shape a row holds; else: as dtype
     offset: int          # where the field's rows start in a slot
-    row_bytes: int
+    row_bytes: int       # bytes per example
 
 
 class Layout(typing.NamedTuple):

@@ -9,7 +9,7 @@ from chainiter.iterators.multiprocess.list_layout import (
     UniformRows, read_list_chunk, read_list_example)
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 from chainiter.iterators.multiprocess.stacked_rows import (
-    example_shapes, read_stacked, tops_of, unstack)
+    example_specs, one_array, read_example, read_stacked, tops_of)
 
 class _AsIs(typing.NamedTuple):
     """An example already read back from shared memory."""
@@ -25,21 +25,20 @@ def read_batch(base, layout, chunks):
     came whole because they did not fit.
     """
     if layout.mode == 'stacked':
-        if len(chunks) == 1 and type(chunks[0]) is Rows:   # the common case
-            return read_stacked(base, layout, chunks[0].n,
-                                chunks[0].tops), None, ()
         if all(type(chunk) is Rows for chunk in chunks):
-            return read_stacked(base, layout, sum(c.n for c in chunks),
-                                tops_of(layout, chunks)), None, ()
-        metas = example_shapes(layout, chunks)
-        capacity = tuple(f.capacity for f in layout.fields)
-        rows = unstack(base, layout, [
-            capacity if type(m) is Whole else m for m in metas])
+            specs = one_array(layout, chunks)
+            if specs is not None:       # the common case
+                n = sum(chunk.n for chunk in chunks)
+                tops = chunks[0].tops if len(chunks) == 1 else \
+                    tops_of(layout, chunks)
+                return read_stacked(base, layout, n, tops, specs), None, ()
+        metas = example_specs(layout, chunks)
         # The rows come back as arrays: give the examples that came whole
         # arrays too, so that the converter sees one kind of field (a list
         # beside an array is an error to concat_examples).
         examples = [_as_arrays(m.example, layout) if type(m) is Whole
-                    else row for m, row in zip(metas, rows)]
+                    else read_example(base, layout, m[0], row, m[1])
+                    for row, m in enumerate(metas)]
     else:
         metas = []
         for chunk in chunks:

@@ -49,9 +49,15 @@ class _ListSink(_EachSink):
 
 class _StackedSink(_EachSink):
 
+    def __init__(self, whole, layout, row):
+        super().__init__(whole, layout, row)
+        self.start = row
+        self.specs = [None] * len(layout.fields)   # the chunk's rows
+
     def write(self, example):
         return stacked_rows.write_stacked_example(
-            self.whole, self.layout, self.row, example)
+            self.whole, self.layout, self.start, self.row, example,
+            self.specs)
 
     def result(self):
         return stacked_rows.as_rows(self.layout, self.metas)

@@ -8,8 +8,13 @@ and a weak reference to it tells when the last view is gone.  When no slot
 is free the batch travels through the socket instead.
 
 The layout is measured from the first batch (``fit``) and grows when an
-example does not fit; new buffers replace the old ones, whose mappings stay
-for the batches still handed out from them.
+example does not fit (a stacked field without padding takes rows of any
+dtype and shape within its bytes: ``stacked_layout.py``); new buffers
+replace the old ones, whose slots stay for the batches still in flight or
+handed out from them and are unmapped as soon as those are gone.  So the
+memory is bounded by ``n_prefetch + 2`` slots of the largest layout (each
+field at most ``GROWTH`` times the largest row seen), plus the old slots
+that the user's arrays still view.
 
 No processes or threads here: the pool calls it under its lock and sends
 what it allocates to the workers.
@@ -138,6 +143,8 @@ class SlotPool:
         buffers = self.buffers
         if buffers is None:
             return None
+        if self.replaced:
+            self._release_replaced(generation, busy)
         slots = buffers.slots
         in_use = None
         for k in range(buffers.next, buffers.next + len(slots)):
@@ -168,6 +175,27 @@ class SlotPool:
                     raise
                 return slot
         return None
+
+    def _release_replaced(self, generation, busy):
+        """Unmap the slots of earlier buffers that nothing needs any more:
+        no batch in flight is for them, no task may write into them and
+        no array handed out views them.  (Slots retired at a fork stay:
+        a child may still read them.)"""
+        kept = []
+        for buffers in self.replaced:
+            if buffers.id >= 0:
+                in_use = busy(buffers.id)
+                for slot in buffers.allocated():
+                    if (slot.owner is None or slot.owner[0] != generation) \
+                            and (slot.exporter is None or
+                                 slot.exporter() is None) \
+                            and slot.index not in in_use:
+                        slot.shared.release()
+                        slot.shared = slot.exporter = slot.owner = None
+                if not buffers.allocated():
+                    continue
+            kept.append(buffers)
+        self.replaced = kept
 
     def replace(self, layout):
         """New buffers for ``layout``, with their first slot allocated (no
@@ -225,25 +253,27 @@ class SlotPool:
         not fully go through ``layout``: the first batch, or one with
         ``oversize`` examples), as ``(new_layout, mismatch)``: None when the
         buffers should stay, and a description when the batch does not
-        match the stacked layout (a matter of dtypes or ranks, not room)."""
+        match the stacked layout in a way no growth mends (the structure of
+        the examples, a padded field's dtype or number of dimensions).
+
+        Growth is measured against the buffers in use, which may have
+        grown since ``layout`` (the batch's) was current.
+        """
+        current = self.layout
         new = None
         if self.stacked:
-            capacities = None
-            if layout is not None and layout.mode == 'stacked':
-                capacities = {f.key: tuple(int(numpy.ceil(c * GROWTH))
-                                           for c in f.capacity)
-                              for f in layout.fields}
             new = stacked_layout.stacked_layout(
-                examples, self.batch_size, self.padding, capacities)
-            if new is None and layout is not None:
-                return None, None  # the batch cannot be stacked: keep it
-            if new is not None and layout is not None and \
-                    layout.mode == 'stacked':
-                how = stacked_layout.mismatch(layout, new)
+                examples, self.batch_size, self.padding)
+            if current is not None and current.mode == 'stacked':
+                if new is None:
+                    return None, None  # cannot be stacked: keep the buffers
+                how = stacked_layout.mismatch(current, new)
                 if how is not None:
                     # Switching layouts would only make the batches like
                     # the first one miss in turn.
                     return None, how
+                return stacked_layout.grown(current, new, examples,
+                                            self.batch_size, GROWTH), None
             if new is not None and layout is None and self.shared_mem:
                 new = stacked_layout.widen(new, examples, self.batch_size,
                                            self.shared_mem)
@@ -252,7 +282,9 @@ class SlotPool:
                          for e in examples)
             if needed == 0:
                 return None, None  # no arrays: nothing for shared memory
-            if layout is not None and layout.mode == 'list':
-                needed = max(needed, int(layout.example_bytes * GROWTH))
+            if current is not None and current.mode == 'list':
+                if needed <= current.example_bytes:
+                    return None, None     # the buffers have grown since
+                needed = max(needed, int(current.example_bytes * GROWTH))
             new = list_layout.list_layout(self.batch_size, needed)
         return new, None

@@ -1,5 +1,17 @@
-"""The stacked layout, measured from a batch: every field of the batch is
-one array of shape ``(batch_size,) + capacity`` in the slot."""
+"""The stacked layout, measured from a batch: every field of the batch has
+``row_bytes`` per example in the slot, one row after another.
+
+A padded field's rows have the field's dtype and ``capacity`` shape (the
+padding fills what an example leaves).  A field without padding takes
+rows of any dtype and shape that fit its ``row_bytes``: the worker writes
+a chunk's rows with the dtype and shape of its first example (when every
+example of the chunk has them), contiguous from the chunk's first row,
+and says which in ``Rows.specs``; a batch of one chunk, or of rows that
+fill ``row_bytes``, is then one array of the slot.  So a bucketed dataset
+(a batch of length-16 sequences, then one of 128) is written by the
+workers whatever its bucket, once the bytes of the largest have been
+seen; ``dtype`` and ``capacity`` are then those of the batch measured
+last."""
 
 import typing
 
@@ -10,11 +22,13 @@ from chainiter.iterators.multiprocess.layout import Field, Layout, _align
 
 # ---- the stacked layout --------------------------------------------------
 
-def stacked_layout(batch, batch_size, padding, capacities=None):
+def stacked_layout(batch, batch_size, padding, capacities=None,
+                   row_bytes=None):
     """The stacked layout for batches like ``batch``, or None when
     ``concat_examples`` would not give numeric arrays for it.
 
-    ``capacities`` (per field) raise the measured shapes, to grow a layout.
+    ``capacities`` (per padded field: a shape) and ``row_bytes`` (per
+    other field: bytes) raise what is measured, to grow a layout.
     """
     try:
         stacked = concat_examples(batch, padding=padding)
@@ -39,49 +53,117 @@ def stacked_layout(batch, batch_size, padding, capacities=None):
         if pad is not None and capacities is not None and key in capacities:
             capacity = tuple(max(a, b)
                              for a, b in zip(capacity, capacities[key]))
-        row_bytes = int(numpy.prod(capacity, dtype=numpy.int64)) * \
+        size = int(numpy.prod(capacity, dtype=numpy.int64)) * \
             array.dtype.itemsize
         if pad is not None and capacity:
             padded.append(len(fields))
-        fields.append(Field(key, array.dtype.str, capacity, offset,
-                            row_bytes))
-        offset += _align(row_bytes * batch_size)
+        elif row_bytes is not None and key in row_bytes:
+            size = max(size, row_bytes[key])
+        fields.append(Field(key, array.dtype.str, capacity, offset, size))
+        offset += _align(size * batch_size)
     return Layout('stacked', offset, structure=structure,
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
 def mismatch(old, new):
     """How the stacked layout ``new`` (measured from a later batch) differs
-    from ``old`` in anything but the room of padded fields, or None."""
+    from ``old`` in what no growth of ``old`` can hold, or None.  A field
+    without padding takes rows of any dtype and shape that fit its bytes;
+    a padded one keeps its dtype and number of dimensions."""
     if old.structure != new.structure or \
             [f.key for f in old.fields] != [f.key for f in new.fields]:
         return 'the structure of the examples'
     for i, (a, b) in enumerate(zip(old.fields, new.fields)):
         name = 'the field' if a.key is None else 'field {!r}'.format(a.key)
+        if (i in old.padded) != (i in new.padded):
+            return '{}: shape {} where the first batch had {}'.format(
+                name, b.capacity, a.capacity)
+        if i not in old.padded:
+            continue
         if a.dtype != b.dtype:
             return '{}: dtype {} where the first batch had {}'.format(
                 name, numpy.dtype(b.dtype), numpy.dtype(a.dtype))
-        if len(a.capacity) != len(b.capacity) or (
-                i not in old.padded and a.capacity != b.capacity):
+        if len(a.capacity) != len(b.capacity):
             return '{}: shape {} where the first batch had {}'.format(
                 name, b.capacity, a.capacity)
     return None
 
 
+def grown(old, new, batch, batch_size, growth):
+    """The layout for batches like ``batch`` and like those ``old`` holds
+    (``new`` was measured from ``batch`` and matches ``old``), or None when
+    ``old`` holds ``batch`` already.  A field that must grow grows at least
+    by ``growth``, so that a dataset whose examples keep growing makes few
+    new layouts."""
+    capacities, sizes = {}, {}
+    larger = False
+    for i, (a, b) in enumerate(zip(old.fields, new.fields)):
+        if i in old.padded:
+            if any(x > y for x, y in zip(b.capacity, a.capacity)):
+                larger = True
+                capacities[a.key] = tuple(
+                    max(x, int(numpy.ceil(y * growth)))
+                    for x, y in zip(b.capacity, a.capacity))
+            else:
+                capacities[a.key] = a.capacity
+        elif b.row_bytes > a.row_bytes:
+            larger = True
+            sizes[a.key] = max(b.row_bytes,
+                               _round(numpy.ceil(a.row_bytes * growth)))
+        else:
+            sizes[a.key] = a.row_bytes
+    if not larger:
+        return None
+    return stacked_layout(batch, batch_size, old.padding, capacities, sizes)
+
+
 def widen(layout, batch, batch_size, example_bytes):
-    """``layout`` with its padded fields lengthened (along their first
-    dimension, all by the same factor) so that one example's row takes at
-    least ``example_bytes``; ``layout`` itself when it already does or has
-    no padded field."""
+    """``layout`` with room for ``example_bytes`` per example: its padded
+    fields lengthened (along their first dimension, all by the same
+    factor) or, without any, the largest field given the bytes missing
+    (the one whose shape varies, in bucketed data);
+    ``layout`` itself when it has the room already."""
     padded = [layout.fields[i] for i in padded_fields(layout)]
     have = row_bytes(layout)
-    if have >= example_bytes or not padded:
+    if have >= example_bytes:
         return layout
+    if not padded:
+        largest = max(layout.fields, key=lambda f: f.row_bytes)
+        return stacked_layout(batch, batch_size, layout.padding, None, {
+            largest.key: _round(largest.row_bytes + example_bytes - have)})
     padded_bytes = sum(f.row_bytes for f in padded)
     factor = (example_bytes - (have - padded_bytes)) / max(padded_bytes, 1)
     capacities = {f.key: (int(numpy.ceil(f.capacity[0] * factor)),) +
                   f.capacity[1:] for f in padded}
     return stacked_layout(batch, batch_size, layout.padding, capacities)
+
+
+def _round(size):
+    """``size`` rounded up to whole items of any dtype (16 bytes)."""
+    return -(-int(size) // 16) * 16
+
+
+def row_spec(value):
+    """``(dtype, shape)`` of the row ``concat_examples`` makes of
+    ``value`` (a field of one example), or None when that is not a numeric
+    array."""
+    if type(value) is numpy.ndarray:
+        dtype, shape = _native(value.dtype), value.shape
+    else:
+        try:
+            array = numpy.asarray([value])
+        except Exception:
+            return None
+        dtype, shape = array.dtype, array.shape[1:]
+    if dtype.kind not in 'biufc':
+        return None
+    return dtype, shape
+
+
+def spec_bytes(spec):
+    dtype, shape = spec
+    return int(numpy.prod(shape, dtype=numpy.int64)) * numpy.dtype(
+        dtype).itemsize
 
 
 def padding_of(padding, key):
@@ -112,9 +194,13 @@ def padded_fields(layout):
 class Rows(typing.NamedTuple):
     """A chunk of ``n`` examples all written into their rows; ``tops``
     maps each padded field to the largest shape in the chunk (the rest of
-    each row holds the padding value up to that shape)."""
+    each row holds the padding value up to that shape); ``specs`` gives,
+    per field without padding, the ``(dtype str, shape)`` of every row of
+    the chunk (None for padded fields; ``specs`` None: the layout's own
+    ``dtype`` and ``capacity``)."""
     n: int
     tops: dict
+    specs: tuple = None
 
 
 def _columns(layout, examples):

@@ -7,7 +7,8 @@ import numpy
 
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.stacked_layout import (
-    Rows, _columns, _field_padding, _native, padded_fields)
+    Rows, _columns, _field_padding, _native, padded_fields, row_spec,
+    spec_bytes)
 
 _ndim = operator.attrgetter('ndim')
 _dtype = operator.attrgetter('dtype')
@@ -32,21 +33,30 @@ def write_stacked_chunk(whole, layout, start_row, examples):
         return None
     padded = set(padded_fields(layout))
     tops = {}
+    specs = []
     for i, (field, column) in enumerate(zip(layout.fields, columns)):
         start = field.offset + start_row * field.row_bytes
-        dst = whole[start:start + n * field.row_bytes].view(
-            field.dtype).reshape((n,) + field.capacity)
         first = column[0]
         if i not in padded:
+            # The rows take the dtype and shape of the chunk's first
+            # example, when they fit; every other example must have them.
+            spec = row_spec(first)
+            if spec is None or spec_bytes(spec) > field.row_bytes:
+                return None
+            dtype, capacity = spec
+            specs.append((dtype.str, capacity))
+            size = spec_bytes(spec)
+            dst = whole[start:start + n * size].view(dtype).reshape(
+                (n,) + capacity)
             try:
                 if type(first) is numpy.ndarray and \
-                        field.row_bytes <= _JOIN_BYTES:
+                        size <= _JOIN_BYTES:
                     # Arrays (numpy scalars too, as concat_examples takes
                     # them) of exactly the field's dtype and shape: one
                     # copy of all their bytes is far cheaper per example
                     # than concatenate or stack.
-                    if set(map(_shape, column)) != {field.capacity}:
-                        raise ValueError(field.capacity)
+                    if set(map(_shape, column)) != {capacity}:
+                        raise ValueError(capacity)
                     dtypes = set(map(_dtype, column))
                     if dtypes != {dst.dtype}:
                         # concat_examples gives native byte order: arrays
@@ -68,23 +78,26 @@ def write_stacked_chunk(whole, layout, start_row, examples):
                     # concatenate is far cheaper than stack, and it checks
                     # every dimension but the first: check that one (and
                     # the number of dimensions) first.
-                    if set(map(_ndim, column)) != {len(field.capacity)} or \
-                            set(map(len, column)) != {field.capacity[0]}:
-                        raise ValueError(field.capacity)
+                    if set(map(_ndim, column)) != {len(capacity)} or \
+                            set(map(len, column)) != {capacity[0]}:
+                        raise ValueError(capacity)
                     numpy.concatenate(
-                        column, out=dst.reshape((-1,) + field.capacity[1:]),
+                        column, out=dst.reshape((-1,) + capacity[1:]),
                         casting='no')
-                elif set(map(type, column)) == {_PLAIN.get(field.dtype)}:
+                elif set(map(type, column)) == {_PLAIN.get(dtype.str)}:
                     dst[...] = column   # Python ints or floats, unconverted
                 else:
                     values = numpy.asarray(column)
-                    if values.dtype.str != field.dtype or \
+                    if values.dtype != dtype or \
                             values.shape != dst.shape:
                         raise TypeError(values.dtype)
                     dst[...] = values
             except (AttributeError, OverflowError, TypeError, ValueError):
                 return None
             continue
+        specs.append(None)
+        dst = whole[start:start + n * field.row_bytes].view(
+            field.dtype).reshape((n,) + field.capacity)
         pad = _field_padding(layout, field.key)
         capacity = field.capacity
         dtype = dst.dtype
@@ -116,16 +129,23 @@ def write_stacked_chunk(whole, layout, start_row, examples):
             top = value.shape if top is None else tuple(
                 map(max, top, value.shape))
         tops[i] = top
-    return Rows(n, tops)
+    return Rows(n, tops, tuple(specs))
 
 
 def as_rows(layout, metas):
-    """``Rows`` for per-example results that all fitted; else ``metas``."""
-    if any(type(m) is Whole for m in metas):
+    """``Rows`` for per-example results that all fitted with the same
+    dtypes and shapes (but for padded fields' shapes); else ``metas``."""
+    if not metas or any(type(m) is Whole for m in metas):
         return metas
-    return Rows(len(metas), _tops(padded_fields(layout),
-                                  [[m[i] for m in metas] for i in
-                                   padded_fields(layout)]))
+    padded = padded_fields(layout)
+    specs = tuple(None if i in padded else spec
+                  for i, spec in enumerate(metas[0]))
+    for meta in metas[1:]:
+        if any(spec is not None and spec != meta[i]
+               for i, spec in enumerate(specs)):
+            return metas
+    return Rows(len(metas), _tops(padded, [[m[i][1] for m in metas]
+                                           for i in padded]), specs)
 
 
 def _tops(indices, shape_lists):
@@ -154,54 +174,109 @@ def _field_value(layout, example, key):
     return example
 
 
-def write_stacked_example(whole, layout, row, example):
-    """Write ``example`` into row ``row``; return the tuple of its field
-    shapes, or None when it does not fit the layout."""
-    shapes = []
+def write_stacked_example(whole, layout, start_row, row, example, specs):
+    """Write ``example`` into row ``row`` of a chunk that starts at row
+    ``start_row``; return the tuple of its fields' ``(dtype str, shape)``,
+    or None when it does not fit the layout.
+
+    ``specs`` (a list, one entry per field, kept by the caller for the
+    chunk) holds the dtype and shape of the chunk's rows of each field
+    without padding, set by the first example written: the rows of a
+    chunk lie one after another, so every later example must have them.
+    """
+    out = []
     checked = []
-    for field in layout.fields:
+    padded = padded_fields(layout)
+    for i, field in enumerate(layout.fields):
         try:
-            value = numpy.asarray(_field_value(layout, example, field.key))
+            value = _field_value(layout, example, field.key)
         except KeyError:
             return None
+        if i not in padded:
+            spec = row_spec(value)
+            if spec is None or spec_bytes(spec) > field.row_bytes or (
+                    specs[i] is not None and specs[i] != spec):
+                return None
+            value = numpy.asarray(value)
+            dtype, shape = spec
+            if value.shape != shape or _native(value.dtype) != dtype:
+                return None
+            size = spec_bytes(spec)
+            start = field.offset + start_row * field.row_bytes + \
+                (row - start_row) * size
+            checked.append((i, value, dtype, shape, None, start, size))
+            out.append((dtype.str, shape))
+            continue
+        value = numpy.asarray(value)
         if value.dtype.str != field.dtype or value.ndim != len(
-                field.capacity):
+                field.capacity) or any(
+                    a > b for a, b in zip(value.shape, field.capacity)):
             return None
         padding = _field_padding(layout, field.key)
-        if padding is None:
-            if value.shape != field.capacity:
-                return None
-        elif any(a > b for a, b in zip(value.shape, field.capacity)):
-            return None
-        checked.append((field, value, padding))
-        shapes.append(value.shape)
-    for field, value, padding in checked:
-        start = field.offset + row * field.row_bytes
-        dst = whole[start:start + field.row_bytes].view(
-            field.dtype).reshape(field.capacity)
-        if padding is None or value.shape == field.capacity:
+        checked.append((i, value, field.dtype, field.capacity, padding,
+                        field.offset + row * field.row_bytes,
+                        field.row_bytes))
+        out.append((field.dtype, value.shape))
+    for i, value, dtype, shape, padding, start, size in checked:
+        if i not in padded:
+            specs[i] = (numpy.dtype(dtype), shape)
+        dst = whole[start:start + size].view(dtype).reshape(shape)
+        if padding is None or value.shape == shape:
             dst[...] = value
         else:
             dst.fill(padding)
             dst[tuple(slice(n) for n in value.shape)] = value
-    return tuple(shapes)
+    return tuple(out)
 
 
-def example_shapes(layout, metas):
-    """Per example: the tuple of its field shapes, or the ``Whole`` it came
-    as; from the chunks' results (``Rows`` or per-example lists).  For an
-    example of ``Rows`` a padded field's shape is the chunk's largest: cut
-    there, its row still holds the example followed by padding, which
-    ``concat_examples`` with that padding turns into the same batch."""
+def example_specs(layout, metas):
+    """Per example: ``(chunk's first row, its fields' (dtype str, shape))``,
+    or the ``Whole`` it came as; from the chunks' results (``Rows`` or
+    per-example lists).  For an example of ``Rows`` a padded field's shape
+    is the chunk's largest: cut there, its row still holds the example
+    followed by padding, which ``concat_examples`` with that padding turns
+    into the same batch."""
     out = []
+    start = 0
     for meta in metas:
         if type(meta) is not Rows:
-            out.extend(meta)
+            out.extend(m if type(m) is Whole else (start, m) for m in meta)
+            start += len(meta)
             continue
-        shapes = tuple(meta.tops.get(i) or field.capacity
-                       for i, field in enumerate(layout.fields))
-        out.extend([shapes] * meta.n)
+        specs = _specs(layout, meta)
+        out.extend([(start, tuple(
+            (field.dtype, meta.tops.get(i) or field.capacity)
+            if spec is None else spec
+            for i, (field, spec) in enumerate(zip(layout.fields, specs))))
+        ] * meta.n)
+        start += meta.n
     return out
+
+
+def _specs(layout, rows):
+    """The specs of a ``Rows``, the layout's own when it gives none."""
+    if rows.specs is not None:
+        return rows.specs
+    padded = padded_fields(layout)
+    return tuple(None if i in padded else (f.dtype, f.capacity)
+                 for i, f in enumerate(layout.fields))
+
+
+def one_array(layout, chunks):
+    """The specs of a batch whose chunks (all ``Rows``) make one array per
+    field of the slot, or None: the chunks' rows differ in dtype or shape,
+    or lie apart (chunks after the first start at their first row's
+    ``row_bytes``: rows smaller than that leave a gap)."""
+    specs = _specs(layout, chunks[0])
+    if len(chunks) == 1:
+        return specs
+    for chunk in chunks[1:]:
+        if _specs(layout, chunk) != specs:
+            return None
+    for field, spec in zip(layout.fields, specs):
+        if spec is not None and spec_bytes(spec) != field.row_bytes:
+            return None
+    return specs
 
 
 def tops_of(layout, metas):
@@ -210,43 +285,49 @@ def tops_of(layout, metas):
                  [[m.tops[i] for m in metas] for i in padded_fields(layout)])
 
 
-def read_stacked(base, layout, n, tops):
+def read_stacked(base, layout, n, tops, specs):
     """The stacked batch of ``n`` rows as views of ``base`` (the slot's
-    bytes); ``tops`` gives the batch's largest shape of padded fields."""
+    bytes); ``tops`` gives the batch's largest shape of padded fields and
+    ``specs`` the rows' dtype and shape of the others."""
     out = []
-    for i, field in enumerate(layout.fields):
+    for i, (field, spec) in enumerate(zip(layout.fields, specs)):
+        if spec is not None:
+            dtype, shape = spec
+            out.append(numpy.ndarray((n,) + shape, dtype, base,
+                                     field.offset))
+            continue
         rows = numpy.ndarray((n,) + field.capacity, field.dtype, base,
                              field.offset)
         top = tops.get(i)
         if top is not None and top != field.capacity:
             rows = rows[(slice(None),) + tuple(slice(t) for t in top)]
         out.append(rows)
+    return _structured(layout, out)
+
+
+def _structured(layout, values):
     if layout.structure == 'tuple':
-        return tuple(out)
+        return tuple(values)
     if layout.structure == 'dict':
-        return {field.key: array for field, array in zip(layout.fields, out)}
-    return out[0]
+        return {field.key: v for field, v in zip(layout.fields, values)}
+    return values[0]
 
 
-def unstack(base, layout, shapes):
-    """The examples of a stacked slot as views, each cut to its own shapes
-    (``shapes[j]`` is a tuple of field shapes), for the rare batch that has
-    to be converted in the parent."""
-    n = len(shapes)
-    full = read_stacked(base, layout, n, {})
-    if layout.structure == 'single':
-        full = (full,)
-    elif layout.structure == 'dict':
-        full = tuple(full[f.key] for f in layout.fields)
-    examples = []
-    for j in range(n):
-        values = [array[(j,) + tuple(slice(d) for d in shape)]
-                  for array, shape in zip(full, shapes[j])]
-        if layout.structure == 'tuple':
-            examples.append(tuple(values))
-        elif layout.structure == 'dict':
-            examples.append({f.key: v for f, v in zip(layout.fields, values)})
+def read_example(base, layout, start_row, row, specs):
+    """Example ``row`` of a stacked slot (in a chunk from row
+    ``start_row``) as views, each field cut to its ``(dtype str, shape)``
+    in ``specs``, for the rare batch that has to be converted in the
+    parent."""
+    padded = padded_fields(layout)
+    values = []
+    for i, (field, (dtype, shape)) in enumerate(zip(layout.fields, specs)):
+        if i in padded:
+            full = numpy.ndarray(field.capacity, field.dtype, base,
+                                 field.offset + row * field.row_bytes)
+            values.append(full[tuple(slice(d) for d in shape)])
         else:
-            examples.append(values[0])
-    return examples
-
+            size = spec_bytes((dtype, shape))
+            values.append(numpy.ndarray(
+                shape, dtype, base, field.offset +
+                start_row * field.row_bytes + (row - start_row) * size))
+    return _structured(layout, values)

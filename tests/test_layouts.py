@@ -1,0 +1,177 @@
+"""Stacked layouts that adapt to batches of other shapes and dtypes,
+driven without any process: what the buffers become (``SlotPool.fit``),
+what a worker writes (``stacked_rows``) and what the parent reads back
+(``read.read_batch``), in a plain byte array."""
+
+import functools
+
+import numpy
+import pytest
+
+from chainiter import concat_examples
+from chainiter.iterators.multiprocess import read, stacked_layout
+from chainiter.iterators.multiprocess.layout import Whole
+from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
+from chainiter.iterators.multiprocess.stacked_rows import (
+    as_rows, write_stacked_chunk, write_stacked_example)
+
+BATCH = 4
+
+
+def bucket(length, start=0, dtype=numpy.float32):
+    """A batch of (array of shape (length, 8), int label)."""
+    return [(numpy.full((length, 8), start + j, dtype=dtype), start + j)
+            for j in range(BATCH)]
+
+
+def slots(padding=None, stacked=True, shared_mem=None):
+    return SlotPool(4, BATCH, stacked, padding, shared_mem)
+
+
+def fitted(pool, batch):
+    """Fit ``pool`` to ``batch``; the new layout (now in use) or None."""
+    new, how = pool.fit(batch, pool.layout, [])
+    assert how is None, how
+    if new is not None:
+        pool.buffers = type('B', (), {'layout': new})()
+    return new
+
+
+def test_a_longer_bucket_grows_the_rows_and_shorter_ones_fit():
+    pool = slots()
+    first = fitted(pool, bucket(16))
+    assert first.fields[0].row_bytes == 16 * 8 * 4
+    grown = fitted(pool, bucket(64))
+    assert grown.fields[0].row_bytes == 64 * 8 * 4
+    assert fitted(pool, bucket(32)) is None         # it fits already
+    assert fitted(pool, bucket(16)) is None
+    # A little longer still grows by at least GROWTH: few layouts in all.
+    more = fitted(pool, bucket(65))
+    assert more.fields[0].row_bytes >= GROWTH * 64 * 8 * 4
+
+
+def test_a_dtype_change_of_one_field_grows_only_when_it_needs_room():
+    pool = slots()
+    fitted(pool, bucket(8))
+    # float labels take as many bytes as int64 ones: nothing to change.
+    assert fitted(pool, [(x, float(t)) for x, t in bucket(8)]) is None
+    wider = fitted(pool, bucket(8, dtype=numpy.float64))
+    assert wider.fields[0].row_bytes == 8 * 8 * 8
+    assert fitted(pool, bucket(8, dtype=numpy.int16)) is None
+
+
+def test_what_no_growth_holds_is_a_mismatch():
+    pool = slots()
+    fitted(pool, bucket(8))
+    new, how = pool.fit([x for x, _ in bucket(8)], pool.layout, [])
+    assert new is None and 'structure' in how
+    padded = slots(padding=0)
+    fitted(padded, [numpy.arange(j + 1, dtype=numpy.int32)
+                    for j in range(BATCH)])
+    new, how = padded.fit([numpy.arange(j + 1, dtype=numpy.float64)
+                           for j in range(BATCH)], padded.layout, [])
+    assert new is None and 'dtype float64' in how
+
+
+def test_shared_mem_reserves_room_for_fields_without_padding():
+    pool = slots(shared_mem=128 * 8 * 4 + 8)
+    layout = fitted(pool, bucket(16))
+    assert stacked_layout.row_bytes(layout) >= 128 * 8 * 4 + 8
+    assert fitted(pool, bucket(128)) is None
+
+
+def write(layout, chunks, one_by_one=False):
+    """The slot's bytes and the chunks' results, as workers make them:
+    ``chunks`` lists (start row, examples)."""
+    whole = numpy.zeros(layout.slot_bytes, dtype=numpy.uint8)
+    results = []
+    for start, examples in chunks:
+        rows = None if one_by_one else write_stacked_chunk(
+            whole, layout, start, examples)
+        if rows is None:
+            metas = []
+            specs = [None] * len(layout.fields)
+            for row, example in enumerate(examples, start):
+                meta = write_stacked_example(whole, layout, start, row,
+                                             example, specs)
+                metas.append(Whole(example) if meta is None else meta)
+            rows = as_rows(layout, metas)
+        results.append(rows)
+    return whole, results
+
+
+def describe(batch):
+    return [(a.dtype.str, a.shape, a.tobytes()) for a in batch]
+
+
+@pytest.mark.parametrize('one_by_one', [False, True],
+                         ids=['chunk', 'one-by-one'])
+def test_every_bucket_is_one_contiguous_array_of_the_slot(one_by_one):
+    pool = slots()
+    fitted(pool, bucket(16))
+    layout = fitted(pool, bucket(128))
+    for length in (16, 32, 64, 128):
+        batch = bucket(length, start=length)
+        whole, results = write(layout, [(0, batch)], one_by_one)
+        stacked, examples, oversize = read.read_batch(whole, layout,
+                                                      results)
+        assert examples is None and oversize == ()
+        assert describe(stacked) == describe(concat_examples(batch))
+        for array in stacked:
+            assert array.flags.c_contiguous
+            assert array.base is whole or array.base.base is whole
+
+
+def test_a_batch_split_into_chunks_that_differ_is_converted_alike():
+    pool = slots()
+    layout = fitted(pool, bucket(8, dtype=numpy.float64))
+    # The first chunk's rows are float32, the second's float64: together
+    # concat_examples makes them float64.
+    batch = bucket(8, dtype=numpy.float32)[:2] + bucket(8, 2)[2:]
+    whole, results = write(layout, [(0, batch[:2]), (2, batch[2:])])
+    stacked, examples, oversize = read.read_batch(whole, layout, results)
+    assert stacked is None and oversize == []
+    assert describe(concat_examples(examples)) == describe(
+        concat_examples(batch))
+
+
+def test_chunks_of_rows_shorter_than_the_field_are_read_apart():
+    pool = slots()
+    fitted(pool, bucket(32))
+    layout = pool.layout
+    batch = bucket(16, 5)
+    whole, results = write(layout, [(0, batch[:2]), (2, batch[2:])])
+    stacked, examples, _ = read.read_batch(whole, layout, results)
+    assert stacked is None
+    assert describe(concat_examples(examples)) == describe(
+        concat_examples(batch))
+    # Rows that fill the field are one array, however many chunks.
+    batch = bucket(32, 7)
+    whole, results = write(layout, [(0, batch[:1]), (1, batch[1:])])
+    stacked, _, _ = read.read_batch(whole, layout, results)
+    assert describe(stacked) == describe(concat_examples(batch))
+
+
+def test_examples_too_large_for_their_rows_come_whole():
+    pool = slots()
+    layout = fitted(pool, bucket(8))
+    batch = bucket(8)[:2] + bucket(9)[2:]
+    whole, results = write(layout, [(0, batch)])
+    stacked, examples, oversize = read.read_batch(whole, layout, results)
+    assert stacked is None and len(oversize) == 2
+    with pytest.raises(ValueError, match='shape'):
+        concat_examples(examples)       # as concat_examples of the batch
+
+
+def test_padded_fields_keep_their_capacity_and_cut_to_the_batch():
+    padding = functools.partial(concat_examples, padding=-1)
+    pool = slots(padding=-1)
+
+    def ragged(lengths):
+        return [(numpy.arange(n, dtype=numpy.int32), n) for n in lengths]
+    layout = fitted(pool, ragged([3, 5, 2, 4]))
+    batch = ragged([1, 2, 5, 3])
+    whole, results = write(layout, [(0, batch[:2]), (2, batch[2:])])
+    stacked, _, _ = read.read_batch(whole, layout, results)
+    assert describe(numpy.ascontiguousarray(a) for a in stacked) == \
+        describe(padding(batch))
