@@ -1,5 +1,6 @@
 """Datasets and checks shared by the tests (module level, so picklable)."""
 
+import functools
 import io
 import types
 
@@ -845,3 +846,25 @@ def shm_mapped_bytes():
                 start, end = line.split()[0].split('-')
                 total += int(end, 16) - int(start, 16)
     return total
+
+
+def collate(batch):
+    """A user's converter: a dict of a stacked array, a tuple of arrays, a
+    Python number and the pid of the process it ran in."""
+    import os
+    xs = numpy.stack([numpy.asarray(e[1], dtype=numpy.float64)
+                      for e in batch])
+    ids = numpy.array([e[0] for e in batch], dtype=numpy.int32)
+    return {'x': xs, 'pair': (ids, xs.sum(axis=1)), 'n': len(batch),
+            'pid': os.getpid()}
+
+
+def collate_failing_at(index):
+    """A converter that raises for the batch holding dataset[index]."""
+    return functools.partial(_collate_or_fail, index)
+
+
+def _collate_or_fail(index, batch):
+    if any(e[0] == index for e in batch):
+        raise ArithmeticError('cannot convert the batch of {}'.format(index))
+    return collate(batch)

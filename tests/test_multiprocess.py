@@ -300,6 +300,72 @@ def test_other_converter_is_applied_in_the_parent(method):
         assert [next(it) for _ in range(3)] == [4, 4, 4]
 
 
+def without_pid(batch):
+    return {key: value for key, value in batch.items() if key != 'pid'}
+
+
+def test_converter_in_workers_gives_the_parents_batches(method):
+    dataset = AugmentedDataset(30)
+    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=1,
+                              seed=4, converter=helpers.collate,
+                              converter_in_workers=True,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, seed=4) as ref:
+        for step in range(20):
+            got = next(it)
+            expected = helpers.collate(next(ref))
+            assert fingerprint(without_pid(got)) == fingerprint(
+                without_pid(expected))
+            assert got['pid'] != os.getpid()     # converted in a worker
+            if step > 0:         # the first batch measures the buffers
+                assert views_shared_memory(got['x'])
+                assert views_shared_memory(got['pair'][0])
+        assert it.stats['by_copy'] == 1
+        state = it.state_dict()
+        rest = [fingerprint(without_pid(next(it))) for _ in range(4)]
+    with MultiprocessIterator(dataset, 4, n_processes=1, seed=0,
+                              converter=helpers.collate,
+                              converter_in_workers=True,
+                              start_method=method) as resumed:
+        resumed.load_state_dict(state)
+        assert [fingerprint(without_pid(next(resumed)))
+                for _ in range(4)] == rest
+
+
+def test_converter_in_workers_error_comes_with_the_worker_traceback(method):
+    dataset = AugmentedDataset(12)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=helpers.collate_failing_at(5),
+                              converter_in_workers=True,
+                              start_method=method) as it:
+        next(it)
+        with pytest.raises(ArithmeticError, match='batch of 5') as info:
+            next(it)
+        assert '_collate_or_fail' in str(info.value.__cause__)
+        assert it.current_position == 4
+        with pytest.raises(ArithmeticError):
+            next(it)                 # converted again: fails again
+
+
+def test_converter_in_workers_is_checked_before_workers_start(method):
+    def local(batch):
+        return len(batch)
+    if method == 'fork':
+        with MultiprocessIterator(Examples(8, 'tuple'), 4, n_processes=1,
+                                  converter=local, converter_in_workers=True,
+                                  start_method=method) as it:
+            assert next(it) == 4     # fork: the workers inherit it
+    else:
+        with pytest.raises(TypeError, match='converter'):
+            MultiprocessIterator(Examples(8, 'tuple'), 4,
+                                 converter=helpers.UnpicklableCall(),
+                                 converter_in_workers=True,
+                                 start_method=method)
+    with pytest.raises(ValueError, match='converter='):
+        MultiprocessIterator(Examples(8, 'tuple'), 4,
+                             converter_in_workers=True, start_method=method)
+
+
 @pytest.mark.parametrize('converter', [None, concat_examples],
                          ids=['list', 'stacked'])
 def test_held_batches_stay_intact(method, converter):

@@ -15,11 +15,13 @@ import weakref
 import numpy
 
 from chainiter.dataset.convert import concat_examples
-from chainiter.errors import SharedMemoryWarning, TimeoutWarning
+from chainiter.errors import (
+    ChainiterError, SharedMemoryWarning, TimeoutWarning)
 from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators.multiprocess import (
-    by_value, list_layout, read, remote, share)
+    by_value, converted, list_layout, read, remote, share)
+from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import (
     _SPARE_DESCRIPTORS, SlotPool)
@@ -112,7 +114,20 @@ class MultiprocessIterator(DatasetIterator):
             batch straight into shared memory and ``next()`` returns it,
             also when shapes or dtypes change from batch to batch (bucketed
             data): a field without padding takes any rows that fit its
-            bytes, and the buffers grow to the largest batch seen.
+            bytes, and the buffers grow to the largest batch seen.  Any
+            other converter runs in the main process, unless
+            ``converter_in_workers``.
+        converter_in_workers (bool): run the converter in the workers
+            (each batch is then loaded and converted by one worker, and
+            at least ``n_processes`` batches are in flight).  The top-level
+            ndarrays of its result (a tuple, a dict or a single array) are
+            written into shared memory and handed out as views; anything
+            else it returns is pickled.  It runs in the workers for every
+            batch, those that come by copy too, and never in the main
+            process; an exception it raises comes from ``next()`` with
+            the worker's traceback.  Under spawn and forkserver it must be
+            picklable (checked before any worker starts).  Ignored for
+            ``concat_examples``, which the workers run anyway.
         start_method (str or None): ``'fork'``, ``'forkserver'``, ``'spawn'``,
             or None for Python's default.
         worker_init_fn: called as ``worker_init_fn(worker_id)`` in each
@@ -144,7 +159,8 @@ class MultiprocessIterator(DatasetIterator):
                  order_sampler=None, dataset_timeout=30.0,
                  maxtasksperchild=None, *, seed=None, converter=None,
                  start_method=None, worker_init_fn=None,
-                 prefetch_bytes=PREFETCH_BYTES, shard=None):
+                 prefetch_bytes=PREFETCH_BYTES, shard=None,
+                 converter_in_workers=False):
         self._pool = None
         if n_processes is None:
             n_processes = len(os.sched_getaffinity(0)) if hasattr(
@@ -163,6 +179,13 @@ class MultiprocessIterator(DatasetIterator):
             'maxtasksperchild', maxtasksperchild, allow_none=True)
         dataset_timeout = _args.seconds('dataset_timeout', dataset_timeout)
         _args.callable_or_none('converter', converter)
+        if not isinstance(converter_in_workers, bool):
+            raise TypeError('converter_in_workers must be True or False, '
+                            'got {!r}'.format(converter_in_workers))
+        if converter_in_workers and converter is None:
+            raise ValueError('converter_in_workers=True runs the converter '
+                             'in the workers, but no converter was given: '
+                             'pass converter=...')
         _args.callable_or_none('worker_init_fn', worker_init_fn)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
@@ -174,7 +197,10 @@ class MultiprocessIterator(DatasetIterator):
         self.maxtasksperchild = maxtasksperchild
         self.converter = converter
         self.worker_init_fn = worker_init_fn
+        self.converter_in_workers = converter_in_workers
         self._stacked, self._padding = _stacking_padding(converter)
+        # concat_examples stacks in the workers already, with no copy.
+        self._in_workers = converter_in_workers and not self._stacked
         self._warned_size = False
         self._warned_mismatch = False
 
@@ -184,12 +210,19 @@ class MultiprocessIterator(DatasetIterator):
             _check_picklable(dataset, 'dataset', method)
             if worker_init_fn is not None:
                 _check_picklable(worker_init_fn, 'worker_init_fn', method)
+            if self._in_workers:
+                _check_picklable(converter, 'converter', method)
         self.start_method = method
         self._max_depth = n_prefetch or \
             self.MAX_PREFETCH_PER_WORKER * n_processes
         # Until the first batch is measured, 1: that batch is then split
         # among the workers and arrives soonest.
         self._prefetch_depth = n_prefetch or 1
+        if self._in_workers:
+            # At least a batch per worker in flight: then a batch is never
+            # split among workers, and the converter sees all of it.
+            self._prefetch_depth = max(self._prefetch_depth, n_processes)
+            self._max_depth = max(self._max_depth, n_processes)
         self._start_transport()
         self._start_pool()
         if self._pool.slots.layout is not None:      # from shared_mem
@@ -259,14 +292,22 @@ class MultiprocessIterator(DatasetIterator):
         self._busy_mark = (None, 0.0)   # (id(pool), its load_s) at start
 
     def _start_pool(self):
-        slots = SlotPool(self._max_depth + 2, self.batch_size, self._stacked,
-                         self._padding, self.shared_mem)
+        # With the converter in the workers a slot holds one converted
+        # batch: a list layout of one region.
+        slots = SlotPool(self._max_depth + 2,
+                         1 if self._in_workers else self.batch_size,
+                         self._stacked, self._padding, self.shared_mem)
         if self.shared_mem is not None and not self._stacked:
             # Before any worker starts: they get it as they start.
-            slots.replace(list_layout.list_layout(self.batch_size,
-                                                  self.shared_mem))
+            slots.replace(list_layout.list_layout(
+                slots.batch_size, self.shared_mem * self.batch_size //
+                slots.batch_size))
+        dataset = self.dataset
+        if self._in_workers:
+            dataset = converted.WithConverter(dataset, self.converter)
+            slots.measure = converted.result_bytes
         self._pool = Pool(multiprocessing.get_context(self.start_method),
-                          self.dataset, self.n_processes, self._worker_seed,
+                          dataset, self.n_processes, self._worker_seed,
                           self.worker_init_fn, self.maxtasksperchild,
                           self._prefetch_depth, slots)
         self._finalizer = weakref.finalize(self, self._pool.close)
@@ -319,6 +360,8 @@ class MultiprocessIterator(DatasetIterator):
             if result.error is not None:
                 raise remote.rebuild_error(result.error)
         chunks = [result.metas for result in results]
+        if self._in_workers:
+            return self._collect_converted(pool, batch, chunks)
         exporter = pool.hand_out(batch)
         if exporter is None:     # the batch came through the socket
             self._by_copy += 1
@@ -341,6 +384,30 @@ class MultiprocessIterator(DatasetIterator):
             self._fit_buffers(examples, layout, oversize)
         return self._convert(examples)
 
+    def _collect_converted(self, pool, batch, chunks):
+        """The batch the converter made in a worker."""
+        metas = [meta for chunk in chunks for meta in chunk]
+        if len(metas) != 1:      # a batch cut among workers: never made
+            raise ChainiterError(
+                'MultiprocessIterator with converter_in_workers=True got a '
+                'batch in {} parts; please report this'.format(len(metas)))
+        meta, = metas
+        if type(meta) is converted.Failed:
+            raise converted.rebuild_error(meta.error, batch.step.indices)
+        exporter = pool.hand_out(batch)
+        if type(meta) is not Whole:
+            return converted.read_result(
+                numpy.frombuffer(exporter, dtype=numpy.uint8), meta)
+        self._by_copy += 1
+        result = meta.example
+        layout = None if exporter is None else batch.buffers.layout
+        if layout is not None or pool.slots.layout is None:
+            self._fit_buffers([result], layout,
+                              () if layout is None else [result])
+            if layout is None and pool.slots.layout is not None:
+                self._tune_depth(pool.slots.layout.slot_bytes)
+        return result
+
     def _convert(self, examples):
         if self.converter is not None:
             return self.converter(examples)
@@ -359,9 +426,10 @@ class MultiprocessIterator(DatasetIterator):
             return
         if layout is not None and oversize and not self._warned_size:
             self._warned_size = True
-            need = max(list_layout.example_array_bytes(e) for e in oversize)
+            need = max(slots.measure(e) for e in oversize)
             warnings.warn(
-                'an example with {} bytes of arrays did not fit its shared '
+                ('a converted batch' if self._in_workers else 'an example') +
+                ' with {} bytes of arrays did not fit its shared '
                 'memory ({} bytes per example); it was delivered intact '
                 'through a copy and the buffers were enlarged. Pass '
                 'shared_mem={} (or more) to reserve enough from the '

@@ -128,6 +128,8 @@ class SlotPool:
         self.buffers = None
         self.replaced = []      # earlier buffers, until the pool closes
         self.cannot_grow = False
+        # The bytes an example (in list layouts) takes in a slot.
+        self.measure = list_layout.example_array_bytes
 
     @property
     def layout(self):
@@ -278,8 +280,7 @@ class SlotPool:
                 new = stacked_layout.widen(new, examples, self.batch_size,
                                            self.shared_mem)
         if new is None:
-            needed = max(list_layout.example_array_bytes(e)
-                         for e in examples)
+            needed = max(self.measure(e) for e in examples)
             if needed == 0:
                 return None, None  # no arrays: nothing for shared memory
             if current is not None and current.mode == 'list':

@@ -25,7 +25,8 @@ from multiprocessing import reduction
 import numpy
 
 from chainiter import _context
-from chainiter.iterators.multiprocess import remote, share, sinks, wire
+from chainiter.iterators.multiprocess import (
+    converted, remote, share, sinks, wire)
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
@@ -119,6 +120,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
     try:
         if isinstance(dataset, share.Received):      # spawn, forkserver
             dataset, worker_init_fn = dataset.load()
+        dataset, converter = converted.unwrap(dataset)
         what = 'seeding the global RNGs (random, numpy, torch) failed'
         # After the dataset (its module may import torch), before
         # worker_init_fn (which may seed otherwise).
@@ -165,7 +167,8 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             continue
         task = wire.decode_task(message)
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
-        sink = sinks.sink_for(whole, layout, task.start)
+        sink = sinks.sink_for(whole, layout, task.start) if converter is \
+            None else converted.ConverterSink(whole, layout, converter)
         error = None
         started = time.perf_counter()
         try:
