@@ -4,7 +4,8 @@ that resume exactly from a snapshot."""
 from chainiter import datasets  # NOQA
 from chainiter import iterators  # NOQA
 from chainiter import serializers  # NOQA
-from chainiter._context import example_rng, get_worker_info  # NOQA
+from chainiter._context import (  # NOQA
+    example_rng, example_rngs, get_worker_info)
 from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer  # NOQA
 from chainiter.dataset.convert import (  # NOQA
     Converter, concat_examples, converter, to_device)

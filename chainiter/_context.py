@@ -5,8 +5,14 @@ example being loaded, so random augmentation is the same for every iterator
 kind, worker count and after resume.  ``get_worker_info()`` describes the
 worker process, or is ``None`` in the main process.
 
-Every transport loads examples through ``load_example``, which sets the
+Every transport loads examples through ``load_examples``, which sets the
 (thread-local) key around the call to ``dataset[i]``.
+
+A dataset with a batch method (``get_examples(indices)``, or PyTorch's
+``__getitems__(indices)``) is asked for a whole chunk at once instead: one
+call, with the keys of all its examples set, so that ``example_rngs()``
+gives one generator per example (``example_rng()`` there is an error: it
+could not tell which example is meant).
 """
 
 import threading
@@ -29,11 +35,12 @@ class _Loading:
     """What the current thread is loading: the key of ``example_rng()``
     and the generator made for it (a plain object per thread: setting an
     attribute of ``threading.local`` costs several times more)."""
-    __slots__ = ('key', 'rng')
+    __slots__ = ('key', 'rng', 'batch')
 
     def __init__(self):
         self.key = None
         self.rng = None
+        self.batch = None    # in a batch method: (seed, spans, n, name)
 
 
 def _loading():
@@ -54,6 +61,15 @@ def example_rng():
     loading = _loading()
     key = loading.key
     if key is None:
+        if loading.batch is not None:
+            raise RuntimeError(
+                'chainiter.example_rng() was called inside the dataset\'s '
+                'batch method {}(indices), which loads many examples at '
+                'once, so it cannot tell which example the generator is '
+                'for. Call chainiter.example_rngs() there instead (one '
+                'generator per index, in order), or draw in dataset[i] and '
+                'remove the batch method (set it to None)'.format(
+                    loading.batch[3]))
         raise RuntimeError(
             'chainiter.example_rng() was called outside of an example load. '
             'It works only inside dataset[i] while a chainiter iterator '
@@ -65,6 +81,24 @@ def example_rng():
     rng = example_generator(*key)
     loading.rng = (key, rng)
     return rng
+
+
+def example_rngs():
+    """The ``numpy.random.Generator`` of each example being loaded, in the
+    order of the indices: call it inside a batch method
+    (``dataset.get_examples(indices)`` or ``__getitems__``); generator
+    ``j`` is the one ``example_rng()`` gives inside ``dataset[indices[j]]``,
+    so a batch method that draws example ``j``'s augmentation from it makes
+    the same batches as ``dataset[i]`` would.  Inside ``dataset[i]`` it is
+    ``[example_rng()]``."""
+    loading = _loading()
+    batch = loading.batch
+    if batch is None:
+        return [example_rng()]
+    seed, spans = batch[0], batch[1]
+    return [example_generator(seed, epoch, position)
+            for epoch, start, stop in spans
+            for position in range(start, stop)][:batch[2]]
 
 
 def get_worker_info():
@@ -91,10 +125,17 @@ def load_examples(dataset, indices, seed, spans, out):
     ``example_rng()`` keyed for it.  ``indices`` is an int array or a list
     of ints; ``spans`` gives their epochs and positions (see ``Step``).
     When one raises, ``out`` holds the examples before it (so
-    ``indices[len(out)]`` is the one that failed)."""
+    ``indices[len(out)]`` is the one that failed).
+
+    A dataset with a batch method (``batch_method``) is called once for
+    all the indices instead, and ``out.extend`` takes what it returns;
+    when that raises, the whole chunk failed."""
     loading = _loading()
     if hasattr(indices, 'tolist'):
         indices = indices.tolist()
+    name, method = _find_batch_method(dataset)
+    if method is not None:
+        return _load_batch(name, method, indices, seed, spans, out)
     append = out.append
     remaining = iter(indices)
     epoch = position = None
@@ -114,3 +155,69 @@ def load_examples(dataset, indices, seed, spans, out):
         loading.key = None
         loading.rng = None
     return out
+
+
+#: The names of a dataset's batch method, in the order they are looked for.
+BATCH_METHODS = ('get_examples', '__getitems__')
+
+
+def batch_method(dataset):
+    """The dataset's batch method (``get_examples``, else PyTorch's
+    ``__getitems__``), or None.  One set to None (PyTorch's way of turning
+    it off) counts as none."""
+    return _find_batch_method(dataset)[1]
+
+
+def _find_batch_method(dataset):
+    for name in BATCH_METHODS:
+        method = getattr(dataset, name, None)
+        if method is not None:
+            return name, method
+    return None, None
+
+
+def describe_indices(indices, limit=32):
+    """``[3, 5, 8]``, or the first ``limit`` and how many in all."""
+    if len(indices) <= limit:
+        return '[{}]'.format(', '.join(map(str, indices)))
+    return '[{}, ...] ({} indices)'.format(
+        ', '.join(map(str, indices[:limit])), len(indices))
+
+
+def _load_batch(name, method, indices, seed, spans, out):
+    """``out.extend(method(indices))``, ``example_rngs()`` keyed for the
+    examples; a wrong number of examples is an error, nothing is cut or
+    filled up.  When the method raises, ``out`` is unchanged."""
+    loading = _loading()
+    loading.batch = (seed, spans, len(indices), name)
+    try:
+        examples = method(indices)
+        try:
+            n = len(examples)
+        except TypeError:
+            raise TypeError(
+                'the dataset\'s batch method {}(indices) returned a {}, '
+                'which has no length; it must return a sequence (e.g. a '
+                'list) of one example per index, in order'.format(
+                    name, type(examples).__name__)) from None
+        if n != len(indices):
+            raise ValueError(
+                'the dataset\'s batch method {}(indices) returned {} '
+                'examples for {} indices; it must return one example per '
+                'index, in order'.format(name, n, len(indices)))
+        out.extend(examples)
+    except Exception as e:
+        if hasattr(e, 'add_note'):  # Python 3.11+
+            e.add_note('raised while loading the examples {} with the '
+                       'dataset\'s batch method {} ({})'.format(
+                           describe_indices(indices), name,
+                           _describe_spans(spans)))
+        raise
+    finally:
+        loading.batch = None
+    return out
+
+
+def _describe_spans(spans):
+    return ', '.join('epoch {}, positions {}..{}'.format(e, a, b - 1)
+                     for e, a, b in spans)

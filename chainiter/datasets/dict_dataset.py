@@ -1,9 +1,12 @@
+from chainiter.datasets import _columns
 from chainiter.datasets.tuple_dataset import _is_batch_index, _length
 
 
 class DictDataset:
     """Dict version of ``TupleDataset``: example ``i`` is
-    ``{name: d[i] for name, d in datasets.items()}``."""
+    ``{name: d[i] for name, d in datasets.items()}``.  Over numpy arrays,
+    lists and tuples it has the batch method ``get_examples(indices)``, as
+    ``TupleDataset`` has."""
 
     def __init__(self, **datasets):
         if not datasets:
@@ -16,6 +19,7 @@ class DictDataset:
                 '{}'.format(lengths))
         self._datasets = datasets
         self._length = next(iter(lengths.values()))
+        self._batchable = _columns.batchable(datasets.values())
 
     def __getitem__(self, index):
         fields = {key: dataset[index]
@@ -28,3 +32,14 @@ class DictDataset:
 
     def __len__(self):
         return self._length
+
+    @property
+    def get_examples(self):
+        """``get_examples(indices)``: a sequence of ``dataset[i]`` for each
+        index; None when a dataset is not an array, list or tuple."""
+        return self._get_examples if self._batchable else None
+
+    def _get_examples(self, indices):
+        return _columns.Columns('dict', self._datasets.keys(),
+                                self._datasets.values(), indices,
+                                self._length)

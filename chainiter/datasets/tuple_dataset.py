@@ -1,5 +1,7 @@
 import numpy
 
+from chainiter.datasets import _columns
+
 
 def _length(dataset, name):
     try:
@@ -16,7 +18,13 @@ def _is_batch_index(index):
 
 class TupleDataset:
     """Zips datasets of equal length: example ``i`` is
-    ``(d0[i], d1[i], ...)``.  Slices and index arrays give lists of tuples."""
+    ``(d0[i], d1[i], ...)``.  Slices and index arrays give lists of tuples.
+
+    Over numpy arrays, lists and tuples it has a batch method,
+    ``get_examples(indices)``: the examples ``dataset[i]`` for each index,
+    taken a column at a time (the iterators call it once per chunk);
+    over anything else ``get_examples`` is None and the iterators load
+    ``dataset[i]`` one by one (so ``example_rng()`` there works)."""
 
     def __init__(self, *datasets):
         if not datasets:
@@ -29,6 +37,7 @@ class TupleDataset:
                 '{}'.format(lengths))
         self._datasets = datasets
         self._length = lengths[0]
+        self._batchable = _columns.batchable(datasets)
 
     def __getitem__(self, index):
         fields = [dataset[index] for dataset in self._datasets]
@@ -38,3 +47,13 @@ class TupleDataset:
 
     def __len__(self):
         return self._length
+
+    @property
+    def get_examples(self):
+        """``get_examples(indices)``: a sequence of ``dataset[i]`` for each
+        index; None when a dataset is not an array, list or tuple."""
+        return self._get_examples if self._batchable else None
+
+    def _get_examples(self, indices):
+        return _columns.Columns('tuple', range(len(self._datasets)),
+                                self._datasets, indices, self._length)

@@ -3,8 +3,12 @@ import weakref
 
 from chainiter import _context
 from chainiter.errors import IteratorFinalizedError
-from chainiter.iterators import _args
+from chainiter.iterators import _args, _state
 from chainiter.iterators._base import DatasetIterator
+
+
+class _Chunks(list):
+    """The futures of a batch loaded by a batch method, one per chunk."""
 
 
 def _shutdown(pool):
@@ -40,8 +44,19 @@ class MultithreadIterator(DatasetIterator):
             '_closed', '_pool', '_finalizer')
 
     def _submit(self, step):
-        submit, load = self._pool.submit, _context.load_example
+        submit = self._pool.submit
         dataset, seed = self.dataset, self._pass_seed
+        if _context.batch_method(dataset) is not None:
+            # One call of the batch method per thread, each on its part
+            # of the batch; the futures give lists of examples.
+            n = len(step.indices)
+            chunks = max(1, min(n, self.n_threads))
+            bounds = [n * k // chunks for k in range(chunks + 1)]
+            return _Chunks(
+                submit(_context.load_examples, dataset, step.indices[a:b],
+                       seed, _state.cut_spans(step.spans, a, b), [])
+                for a, b in zip(bounds[:-1], bounds[1:]))
+        load = _context.load_example
         keys = ((e, p) for e, a, b in step.spans for p in range(a, b))
         return [submit(load, dataset, i, seed, e, p)
                 for i, (e, p) in zip(step.indices.tolist(), keys)]
@@ -59,6 +74,8 @@ class MultithreadIterator(DatasetIterator):
                         'MultithreadIterator was finalized while next() '
                         'waited for a batch')
             batch.append(future.result())
+        if type(futures) is _Chunks:
+            return [example for chunk in batch for example in chunk]
         return batch
 
     def _ready_batches(self):

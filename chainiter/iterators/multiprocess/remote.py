@@ -5,6 +5,7 @@ import pickle
 import traceback
 import typing
 
+from chainiter._context import describe_indices
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess.list_layout import UniformRows
 
@@ -14,7 +15,8 @@ class RemoteError(typing.NamedTuple):
     type_name: str
     message: str
     traceback: str
-    index: int
+    index: object           # the dataset index, or the list of a chunk's
+                            # indices (an error in the batch method)
 
 
 class RemoteTraceback(Exception):
@@ -53,19 +55,28 @@ def first_unpicklable(metas, task):
     return int(task.indices[min(len(metas), len(task.indices) - 1)])
 
 
+def _where(index):
+    """What was being loaded: ``dataset[5]``, or the examples of a chunk
+    (the dataset's batch method raised)."""
+    if isinstance(index, list):
+        return 'the examples {} with the dataset\'s batch method'.format(
+            describe_indices(index))
+    return 'dataset[{}]'.format(index)
+
+
 def rebuild_error(remote):
     cause = RemoteTraceback(remote.traceback)
+    where = _where(remote.index)
     if remote.exception is not None:
         error = remote.exception
     else:
         error = ChainiterError(
-            '{}: {} (raised in a worker while loading dataset[{}]; the '
-            'exception itself could not be pickled)'.format(
-                remote.type_name, remote.message, remote.index))
+            '{}: {} (raised in a worker while loading {}; the exception '
+            'itself could not be pickled)'.format(
+                remote.type_name, remote.message, where))
     error.__cause__ = cause
     notes = getattr(error, '__notes__', [])
-    if hasattr(error, 'add_note') and not any(
-            'dataset[{}]'.format(remote.index) in n for n in notes):
-        error.add_note('raised while loading dataset[{}] in a worker '
-                       'process'.format(remote.index))
+    if hasattr(error, 'add_note') and not any(where in n for n in notes):
+        error.add_note('raised while loading {} in a worker '
+                       'process'.format(where))
     return error

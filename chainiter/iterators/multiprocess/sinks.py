@@ -1,9 +1,14 @@
 """Where a worker puts the examples of a task as it loads them: into the
 task's slot (one by one, or a chunk at a time) or, without a slot, into the
-result itself."""
+result itself.
+
+A sink takes the examples one by one (``append``) or, from a dataset's
+batch method, all at once (``extend``); a stacked sink writes the columns
+of ``TupleDataset``/``DictDataset.get_examples`` straight into its rows."""
 
 from chainiter.iterators.multiprocess import (
-    layout as _layout, list_layout, stacked_layout, stacked_rows)
+    layout as _layout, list_layout, stacked_columns, stacked_layout,
+    stacked_rows)
 
 # Examples of at least this many bytes are written into shared memory as
 # soon as each is loaded: its memory is then freed and reused by the next,
@@ -35,6 +40,10 @@ class _EachSink:
     def __len__(self):
         return len(self.metas)
 
+    def extend(self, examples):
+        for example in examples:
+            self.append(example)
+
 
 class _ListSink(_EachSink):
 
@@ -48,6 +57,7 @@ class _ListSink(_EachSink):
 
 
 class _StackedSink(_EachSink):
+    rows = None     # the Rows of a chunk written a column at a time
 
     def __init__(self, whole, layout, row):
         super().__init__(whole, layout, row)
@@ -59,7 +69,18 @@ class _StackedSink(_EachSink):
             self.whole, self.layout, self.start, self.row, example,
             self.specs)
 
+    def extend(self, examples):
+        if not self.metas and self.rows is None and \
+                stacked_columns.is_columns(examples):
+            self.rows = stacked_columns.write_stacked_columns(
+                self.whole, self.layout, self.row, examples)
+            if self.rows is not None:
+                return
+        super().extend(examples)
+
     def result(self):
+        if self.rows is not None:
+            return self.rows
         return stacked_rows.as_rows(self.layout, self.metas)
 
 
@@ -91,8 +112,20 @@ class _ListChunkSink(_ChunkSink):
 
 
 class _StackedChunkSink(_ChunkSink):
+    rows = None     # the Rows of a chunk written a column at a time
+
+    def extend(self, examples):
+        if not self and self.rows is None and \
+                stacked_columns.is_columns(examples):
+            self.rows = stacked_columns.write_stacked_columns(
+                self.whole, self.layout, self.row, examples)
+            if self.rows is not None:
+                return
+        super().extend(examples)
 
     def result(self):
+        if self.rows is not None:
+            return self.rows
         rows = stacked_rows.write_stacked_chunk(
             self.whole, self.layout, self.row, self)
         return self._one_by_one(_StackedSink) if rows is None else rows

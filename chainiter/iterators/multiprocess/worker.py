@@ -138,6 +138,9 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         except (BrokenPipeError, EOFError, ConnectionResetError):
             pass
         return
+    # A batch method loads a task's chunk in one call: an error there is
+    # the whole chunk's.
+    batched = _context.batch_method(dataset) is not None
     layout = None
     buffer_id = -1
     slots = {}
@@ -175,7 +178,8 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             _context.load_examples(dataset, task.indices, task.seed,
                                    task.spans, sink)
         except Exception as e:
-            error = remote.capture(e, int(task.indices[len(sink)]))
+            error = remote.capture(e, task.indices if batched else
+                                   int(task.indices[len(sink)]))
         metas = [] if error is not None else sink.result()
         try:
             wire.send_result(conn, task, metas, error,

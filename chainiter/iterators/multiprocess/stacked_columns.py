@@ -1,0 +1,57 @@
+"""Writing a columnar chunk (``chainiter.datasets._columns.Columns``, what
+``TupleDataset.get_examples`` and ``DictDataset.get_examples`` return)
+into the rows of a stacked slot, a field at a time, without building the
+examples.
+
+An array field whose dtype and row shape are exactly the layout's is
+taken from the dataset straight into its rows (``numpy.take(...,
+out=rows)``: one copy).  Any other field (a list of Python ints, another
+byte order, a padded field) is written from its column of values by
+``write_stacked_chunk`` itself, through a layout of that one field: the
+same rules as ``concat_examples``.  When a field does not fit, the caller
+writes the examples one by one (nothing is ever cut).
+"""
+
+from chainiter.datasets._columns import Columns
+from chainiter.iterators.multiprocess.stacked_layout import Rows
+from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
+
+
+def is_columns(examples):
+    return type(examples) is Columns
+
+
+def write_stacked_columns(whole, layout, start_row, columns):
+    """Write ``columns`` into rows ``start_row...``; ``Rows``, or None
+    when it does not fit the layout (then write the examples one by
+    one)."""
+    if layout.structure != columns.structure or \
+            len(layout.fields) != len(columns.keys):
+        return None
+    place = {key: k for k, key in enumerate(columns.keys)}
+    n = len(columns)
+    tops = {}
+    for i, field in enumerate(layout.fields):
+        k = place.get(field.key)
+        if k is None:
+            return None
+        padded = i in layout.padded
+        dataset = columns.datasets[k]
+        if getattr(dataset, 'dtype', None) is not None and \
+                dataset.dtype.str == field.dtype and \
+                dataset.shape[1:] == field.capacity:
+            start = field.offset + start_row * field.row_bytes
+            rows = whole[start:start + n * field.row_bytes].view(
+                field.dtype).reshape((n,) + field.capacity)
+            if columns.take(k, rows):
+                if padded:
+                    tops[i] = field.capacity
+                continue
+        one = layout._replace(structure='single', fields=(field,),
+                              padded=(0,) if padded else ())
+        written = write_stacked_chunk(whole, one, start_row, columns.column(k))
+        if written is None:
+            return None
+        if padded:
+            tops[i] = written.tops[0]
+    return Rows(n, tops)
