@@ -172,7 +172,7 @@ def count_examples(batch):
     return len(batch), concat_examples(batch)
 
 
-# ---- the batches equal those of dataset[i] ----------------------------------
+# ---- the batches equal those of dataset[i] ----
 
 _RNG = numpy.random.default_rng(0)
 _X = _RNG.random((23, 4), dtype=numpy.float32)
@@ -292,7 +292,7 @@ def test_a_snapshot_resumes_exactly_across_kinds_and_paths(method):
          lambda: MultithreadIterator(dataset, 5, n_threads=3, seed=3)], 6)
 
 
-# ---- it is called once per chunk ----------------------------------------------
+# ---- it is called once per chunk ----
 
 def test_the_batch_method_is_called_once_per_chunk(method):
     with SerialIterator(CallSizes(20), 4, shuffle=False) as it:
@@ -318,7 +318,7 @@ def test_torch_style_getitems_is_used_unless_none():
         assert fingerprint(next(it)) == fingerprint(batch)
 
 
-# ---- TupleDataset and DictDataset ---------------------------------------------
+# ---- TupleDataset and DictDataset ----
 
 @pytest.mark.parametrize('name', [n for n in DATASETS if n != 'torch-style'])
 def test_get_examples_equals_indexing_one_by_one(name):
@@ -349,7 +349,7 @@ def test_get_examples_is_none_over_other_datasets():
         assert fingerprint(next(a)) == fingerprint(next(b))
 
 
-# ---- example_rng() and example_rngs() -----------------------------------------
+# ---- example_rng() and example_rngs() ----
 
 def test_example_rngs_make_the_batches_of_example_rng(method):
     def mp(dataset, n_processes=2):
@@ -393,7 +393,7 @@ def test_example_rngs_inside_dataset_getitem_is_one_generator():
         chainiter.example_rngs()
 
 
-# ---- errors -------------------------------------------------------------------
+# ---- errors ----
 
 def _notes(error):
     return ' '.join(getattr(error, '__notes__', []))
@@ -452,7 +452,7 @@ def test_a_wrong_number_of_examples_is_an_error(method, delta):
             assert it.current_position == 3
 
 
-# ---- stacking: what does not fit is stacked as concat_examples would ----------
+# ---- stacking: what does not fit is stacked as concat_examples would ----
 
 def test_columns_that_do_not_fit_the_layout_are_stacked_by_copy(method):
     # Python int labels, but one float and one bool; the first batch

@@ -16,7 +16,8 @@ def test_bench_smoke_prints_the_table():
     rows = [line for line in out.stdout.splitlines()
             if line.startswith('| ') and 'workload' not in line]
     workloads = {row.split('|')[1].strip() for row in rows}
-    assert workloads == {'images', 'tiny', 'cpu', 'variable', 'bucketed'}
+    assert workloads == {'images', 'tiny', 'tiny-batched', 'cpu',
+                         'variable', 'bucketed'}
     loaders = {row.split('|')[3].strip() for row in rows}
     assert loaders == {'chainiter', 'chainiter-list', 'serial'}
 
@@ -121,3 +122,32 @@ def test_bench_help_shows_the_defaults():
     assert '(default: 3)' in text                               # --repeats
     assert '(default: 3.0)' in text                             # --seconds
     assert 'none when --dataset is given' in text
+
+
+def test_tiny_batched_is_tiny_with_a_batch_method():
+    import numpy
+
+    from chainiter import concat_examples
+    from chainiter.bench import workloads
+    from helpers import fingerprint
+    tiny, batched = workloads.Tiny(100), workloads.tiny_batched(100)
+    assert batched.get_examples is not None
+    indices = [5, 99, 0, 42]
+    expected = fingerprint(concat_examples([tiny[i] for i in indices]))
+    assert fingerprint(concat_examples([batched[i] for i in indices])) == \
+        expected
+    # DataLoader's batched path gets the same data, a batch per index list.
+    assert fingerprint(workloads.tiny_batches(100)[numpy.array(indices)]) \
+        == expected
+
+
+def test_tiny_batched_against_dataloaders_batched_path():
+    pytest.importorskip('torch')
+    from chainiter.bench import runner, workloads
+    workload = workloads.get('tiny-batched', 8)
+    next_batch, close = runner.make_loader('torch', workload, 0)
+    try:
+        x, labels = next_batch()
+        assert tuple(x.shape) == (8, 16) and tuple(labels.shape) == (8,)
+    finally:
+        close()

@@ -11,8 +11,12 @@ Loaders:
                      the same with n_prefetch = K x workers
     torch:K          DataLoader with prefetch_factor=K (as deep)
     torch            torch.utils.data.DataLoader, persistent workers,
-                     default collate (padding collate for 'variable')
-    serial           a plain loop: index, fetch, numpy stack
+                     default collate (padding collate for 'variable');
+                     on 'tiny-batched' its batched path: batch_size=None,
+                     a BatchSampler as the sampler, and a dataset that
+                     takes the list of indices (one fancy index per array)
+    serial           a plain loop: index, fetch, numpy stack (per example,
+                     on 'tiny-batched' too)
 """
 
 import json
@@ -154,8 +158,10 @@ def parse_loader(name):
 def make_loader(name, workload, workers):
     """``(next_batch, close)`` for a loader on a workload."""
     base, factor = parse_loader(name)
-    dataset = workload.make()
     batch_size = workload.batch_size
+    if base == 'torch' and workload.torch_batches is not None:
+        return _torch_batched(workload, workers, factor)
+    dataset = workload.make()
     if workload.order is not None and batch_size != dataset.block:
         dataset.block = batch_size     # each batch one bucket
     order = None if workload.order is None else workload.order(
@@ -211,6 +217,31 @@ def make_loader(name, workload, workers):
         state['pos'] += batch_size
         return convert([dataset[i] for i in indices])
     return next_batch, lambda: None
+
+
+def _torch_batched(workload, workers, factor):
+    """DataLoader's fastest path for data that can be fancy-indexed (of
+    those measured on 'tiny-batched': ``__getitems__`` with an identity
+    collate was slower): one ``dataset[indices]`` per batch, no collate
+    (``batch_size=None``: numpy arrays become tensors, not stacked)."""
+    import torch.utils.data
+    dataset = workload.torch_batches()
+    sampler = torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(dataset), workload.batch_size,
+        drop_last=False)
+    options = {'prefetch_factor': factor} if factor else {}
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, sampler=sampler, num_workers=workers,
+        persistent_workers=workers > 0, **options)
+    state = {'it': iter(loader)}
+
+    def next_batch():
+        try:
+            return next(state['it'])
+        except StopIteration:
+            state['it'] = iter(loader)
+            return next(state['it'])
+    return next_batch, lambda: state.pop('it', None)
 
 
 def measure(loader, workload_name, workers, seconds, warmup_s=1.0,

@@ -10,6 +10,7 @@ import importlib
 import numpy
 
 from chainiter.dataset.convert import concat_examples
+from chainiter.datasets import TupleDataset
 
 
 class Images:
@@ -29,18 +30,48 @@ class Images:
         return self.images[i % len(self.images)].copy(), i % 1000
 
 
+def _tiny_data(n):
+    return numpy.random.default_rng(0).random((n, 16), dtype=numpy.float32)
+
+
 class Tiny:
     """(float32 array of 16, int label)."""
 
     def __init__(self, n=1_000_000):
-        self.data = numpy.random.default_rng(0).random(
-            (n, 16), dtype=numpy.float32)
+        self.data = _tiny_data(n)
 
     def __len__(self):
         return len(self.data)
 
     def __getitem__(self, i):
         return self.data[i], i % 10
+
+
+def tiny_batched(n=1_000_000):
+    """``tiny``'s examples as a ``TupleDataset`` of in-memory arrays, which
+    has a batch method: the workers take each chunk a column at a time.
+    The labels are an int64 array (``concat_examples`` makes the same of
+    ``tiny``'s Python ints)."""
+    return TupleDataset(_tiny_data(n), numpy.arange(n) % 10)
+
+
+class ArrayBatches:
+    """For DataLoader's batched path: ``dataset[indices]`` is the tuple of
+    each array's rows at ``indices`` (one fancy index per array), with
+    ``batch_size=None`` and a ``BatchSampler`` as the sampler."""
+
+    def __init__(self, *arrays):
+        self.arrays = arrays
+
+    def __len__(self):
+        return len(self.arrays[0])
+
+    def __getitem__(self, indices):
+        return tuple(numpy.take(a, indices, axis=0) for a in self.arrays)
+
+
+def tiny_batches(n=1_000_000):
+    return ArrayBatches(_tiny_data(n), numpy.arange(n) % 10)
 
 
 class Cpu:
@@ -129,8 +160,13 @@ def _pad_collate(batch):
 
 
 class Workload:
+    """``torch_batches``: a function making the same data for DataLoader's
+    batched path (``ArrayBatches``), which it then takes instead of
+    ``make()`` and its per-example path."""
+
     def __init__(self, name, make, batch_size, converter=concat_examples,
-                 torch_collate=None, description='', order=None):
+                 torch_collate=None, description='', order=None,
+                 torch_batches=None):
         self.name = name
         self.make = make
         self.batch_size = batch_size
@@ -139,6 +175,7 @@ class Workload:
         self.description = description
         # order(dataset, batch_size): a BlockOrder, or None to shuffle
         self.order = order
+        self.torch_batches = torch_batches
 
 
 WORKLOADS = {
@@ -146,6 +183,10 @@ WORKLOADS = {
                        description='float32 3x224x224 + label, batch 64'),
     'tiny': Workload('tiny', Tiny, 256,
                      description='float32 16 + label, batch 256'),
+    'tiny-batched': Workload(
+        'tiny-batched', tiny_batched, 256, torch_batches=tiny_batches,
+        description='tiny as a TupleDataset of arrays (its batch method), '
+                    'batch 256'),
     'cpu': Workload('cpu', Cpu, 32,
                     description='~2 ms numpy per example, batch 32'),
     'variable': Workload(
@@ -209,7 +250,8 @@ def get(name, batch_size=None):
         if batch_size:
             workload = Workload(name, workload.make, batch_size,
                                 workload.converter, workload.torch_collate,
-                                workload.description, workload.order)
+                                workload.description, workload.order,
+                                workload.torch_batches)
         return workload
     check(name)
     return user_workload(name, batch_size or 32)

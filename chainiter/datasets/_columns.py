@@ -40,17 +40,22 @@ class Columns(collections.abc.Sequence):
         self.structure = structure
         self.keys = tuple(keys)
         self.datasets = tuple(datasets)
-        indices = numpy.asarray(indices, dtype=numpy.intp)
-        if indices.ndim != 1:
+        indices = numpy.asarray(indices)
+        if indices.ndim != 1 or indices.size and indices.dtype.kind not in \
+                'iu':
             raise TypeError('get_examples takes a sequence of int indices, '
-                            'got an array of shape {}'.format(indices.shape))
-        if len(indices) and (indices.min() < -length or
-                             indices.max() >= length):
-            bad = indices[(indices < -length) | (indices >= length)][0]
-            raise IndexError('index {} is out of range for a dataset of '
-                             'length {}'.format(bad, length))
-        # Never negative: numpy.take may then skip its bounds check.
-        self.indices = numpy.where(indices < 0, indices + length, indices)
+                            'got {!r}'.format(indices))
+        indices = indices.astype(numpy.intp, copy=False)
+        if len(indices):
+            low, high = indices.min(), indices.max()
+            if low < -length or high >= length:
+                bad = indices[(indices < -length) | (indices >= length)][0]
+                raise IndexError('index {} is out of range for a dataset '
+                                 'of length {}'.format(bad, length))
+            if low < 0:
+                # Never negative: numpy.take may then skip its bounds check.
+                indices = numpy.where(indices < 0, indices + length, indices)
+        self.indices = indices
         # Lists and the like are indexed now: an index error is the batch
         # method's, as dataset[i]'s would be.
         self._columns = [
