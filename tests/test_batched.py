@@ -17,7 +17,13 @@ from chainiter import (
     SerialIterator,
     concat_examples,
 )
-from chainiter.datasets import DictDataset, TransformDataset, TupleDataset
+from chainiter.datasets import (
+    DictDataset,
+    SubDataset,
+    TransformDataset,
+    TupleDataset,
+    split_dataset_random,
+)
 
 from helpers import (
     assert_resume_equivalent,
@@ -177,6 +183,7 @@ def count_examples(batch):
 _RNG = numpy.random.default_rng(0)
 _X = _RNG.random((23, 4), dtype=numpy.float32)
 _LABELS = numpy.arange(23) % 5
+_RNG_X30 = _RNG.random((30, 2))
 
 
 def _datasets():
@@ -190,6 +197,9 @@ def _datasets():
         'dict': DictDataset(x=_X, label=[int(v) for v in _LABELS],
                             flag=_LABELS % 2 == 0),
         'torch-style': TorchStyle(23),
+        'sub-random': split_dataset_random(TupleDataset(
+            _RNG_X30, [int(v) for v in numpy.arange(30) % 3]), 23,
+            seed=0)[0],
     }
 
 
@@ -341,6 +351,7 @@ def test_get_examples_is_none_over_other_datasets():
     noisy = TupleDataset(Noisy(), numpy.arange(10))
     assert noisy.get_examples is None
     assert DictDataset(a=Noisy(), b=list(range(10))).get_examples is None
+    assert SubDataset(noisy, 2, 6).get_examples is None
     assert TupleDataset(TransformDataset(_X, numpy.negative)
                         ).get_examples is None
     # So example_rng() in their examples works: the per-example path.

@@ -2,6 +2,7 @@ import warnings
 
 import numpy
 
+from chainiter import _context
 from chainiter.dataset.dataset_mixin import DatasetMixin
 
 
@@ -43,6 +44,33 @@ class SubDataset(DatasetMixin):
         if self._order is not None:
             index = self._order[index]
         return self._dataset[index]
+
+    @property
+    def get_examples(self):
+        """The batch method of the dataset underneath (``get_examples`` or
+        ``__getitems__``), through this one's positions; None when it has
+        none (so a ``split_dataset_random`` of a ``TupleDataset`` of arrays
+        is loaded a chunk at a time, as the whole one is)."""
+        if _context.batch_method(self._dataset) is None:
+            return None
+        return self._get_examples
+
+    def _get_examples(self, indices):
+        positions = numpy.asarray(indices)
+        if positions.ndim != 1 or positions.size and \
+                positions.dtype.kind not in 'iu':
+            raise TypeError('get_examples takes a sequence of int indices, '
+                            'got {!r}'.format(indices))
+        positions = positions.astype(numpy.int64)
+        outside = (positions < -self._size) | (positions >= self._size)
+        if outside.any():
+            raise IndexError(
+                'index {} out of range for a SubDataset of length '
+                '{}'.format(positions[outside][0], self._size))
+        positions += numpy.where(positions < 0, self._finish, self._start)
+        if self._order is not None:
+            positions = numpy.asarray(self._order)[positions]
+        return _context.batch_method(self._dataset)(positions.tolist())
 
 
 def split_dataset(dataset, split_at, order=None):
