@@ -84,6 +84,17 @@ def test_orders_look_uniform():
     assert abs(numpy.corrcoef(numpy.arange(len(big)), big)[0, 1]) < 0.02
 
 
+def test_large_orders_stay_what_snapshots_were_taken_with():
+    # A snapshot holds (seed, epoch, position), not the order: the keyed
+    # network must give the same indices in every version, however it is
+    # computed.
+    assert SeededPermutation(7, 2, 10 ** 6)[:8].tolist() == [
+        67364, 713984, 365511, 76499, 314947, 923000, 885489, 895960]
+    assert SeededPermutation(7, 2, 10 ** 9 + 7).take(
+        [0, 1, 10 ** 9 + 6, 123456789]).tolist() == [
+        655002402, 141514102, 585281041, 40668421]
+
+
 def test_small_orders_are_numpy_shuffles():
     # Up to MATERIALIZED_MAX an epoch's order is numpy's permutation,
     # drawn whole (exactly uniform; small datasets cross epochs often).

@@ -242,17 +242,28 @@ class SeededPermutation:
         a, b = (numpy.uint64(r) for r in self._radix)
         # x = hi * b + lo, hi in [0, a), lo in [0, b); each round maps
         # (hi, lo) to (lo, (hi + F(lo)) mod a) and the radices swap.
+        # numpy divides by a scalar fast (floor_divide) but takes the
+        # remainder slowly: remainders are x - (x // b) * b, and the sum
+        # of two numbers below a is brought below a by one subtraction.
         mixed = numpy.empty_like(x)
+        lo = numpy.empty_like(x)
+        below = numpy.empty_like(x)
         for key in self._keys:
-            hi, lo = numpy.divmod(x, b)
+            hi = x // b
+            numpy.multiply(hi, b, out=lo)
+            numpy.subtract(x, lo, out=lo)
             numpy.bitwise_xor(lo, key, out=mixed)
             _mix(mixed)
-            mixed %= a
+            numpy.floor_divide(mixed, a, out=below)
+            below *= a
+            mixed -= below                  # F(lo) mod a
             mixed += hi
-            mixed %= a
+            # Below a already, or (wrapping) a huge number otherwise.
+            numpy.subtract(mixed, a, out=below)
+            numpy.minimum(mixed, below, out=mixed)
             lo *= a
             lo += mixed
-            x = lo
+            x, lo = lo, x
             a, b = b, a
         return x
 
