@@ -272,6 +272,20 @@ def test_multiprocess_batches_equal_per_example_batches(method, name,
     assert got == _expected(dataset, convert, True, True, 12)
 
 
+@pytest.mark.parametrize('name', ['tuple-arrays', 'dict'])
+def test_columns_go_into_rows_with_room_to_spare(method, name):
+    # shared_mem gives a field's rows more bytes than the column's: the
+    # columns still go straight into the slot, packed, and read back.
+    dataset = _datasets()[name]
+    with MultiprocessIterator(dataset, 5, n_processes=2, seed=7,
+                              shared_mem=4096, converter=concat_examples,
+                              start_method=method) as it:
+        got = _batches(it, concat_examples, 12)
+        by_copy = it.stats['by_copy']
+    assert got == _expected(dataset, concat_examples, True, True, 12)
+    assert by_copy <= 1
+
+
 @pytest.mark.parametrize('n_prefetch', [1, None])
 def test_multiprocess_batches_without_repeat_or_shuffle(method, n_prefetch):
     # n_prefetch=1: two chunks a batch, one per worker.

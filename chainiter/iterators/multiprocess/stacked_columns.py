@@ -13,7 +13,7 @@ writes the examples one by one (nothing is ever cut).
 """
 
 from chainiter.datasets._columns import Columns
-from chainiter.iterators.multiprocess.stacked_layout import Rows
+from chainiter.iterators.multiprocess.stacked_layout import Rows, spec_bytes
 from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
 
 
@@ -31,22 +31,32 @@ def write_stacked_columns(whole, layout, start_row, columns):
     place = {key: k for k, key in enumerate(columns.keys)}
     n = len(columns)
     tops = {}
+    specs = []
     for i, field in enumerate(layout.fields):
         k = place.get(field.key)
         if k is None:
             return None
         padded = i in layout.padded
         dataset = columns.datasets[k]
-        if getattr(dataset, 'dtype', None) is not None and \
-                dataset.dtype.str == field.dtype and \
-                dataset.shape[1:] == field.capacity:
-            start = field.offset + start_row * field.row_bytes
-            rows = whole[start:start + n * field.row_bytes].view(
-                field.dtype).reshape((n,) + field.capacity)
-            if columns.take(k, rows):
-                if padded:
-                    tops[i] = field.capacity
-                continue
+        dtype = getattr(dataset, 'dtype', None)
+        start = field.offset + start_row * field.row_bytes
+        if dtype is not None and dtype.isnative and dtype.kind in 'biufc':
+            # The rows of a field without padding take the column's dtype
+            # and shape when they fit its bytes (as write_stacked_chunk
+            # does); a padded field's rows are exactly the layout's.
+            shape = tuple(dataset.shape[1:])
+            spec = (dtype.str, shape)
+            size = spec_bytes(spec)
+            fits = spec == (field.dtype, field.capacity) if padded else \
+                size <= field.row_bytes
+            if fits:
+                rows = whole[start:start + n * size].view(dtype).reshape(
+                    (n,) + shape)
+                if columns.take(k, rows):
+                    if padded:
+                        tops[i] = field.capacity
+                    specs.append(None if padded else spec)
+                    continue
         one = layout._replace(structure='single', fields=(field,),
                               padded=(0,) if padded else ())
         written = write_stacked_chunk(whole, one, start_row, columns.column(k))
@@ -54,4 +64,5 @@ def write_stacked_columns(whole, layout, start_row, columns):
             return None
         if padded:
             tops[i] = written.tops[0]
-    return Rows(n, tops)
+        specs.append(written.specs[0])
+    return Rows(n, tops, tuple(specs))
