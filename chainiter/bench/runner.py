@@ -190,15 +190,7 @@ def make_loader(name, workload, workers):
         loader = torch.utils.data.DataLoader(
             dataset, num_workers=workers, persistent_workers=workers > 0,
             collate_fn=workload.torch_collate, **options)
-        state = {'it': iter(loader)}
-
-        def next_batch():
-            try:
-                return next(state['it'])
-            except StopIteration:
-                state['it'] = iter(loader)
-                return next(state['it'])
-        return next_batch, lambda: state.pop('it', None)
+        return _endless(loader)
     # serial: a plain loop
     rng = numpy.random.default_rng(0)
 
@@ -219,6 +211,19 @@ def make_loader(name, workload, workers):
     return next_batch, lambda: None
 
 
+def _endless(loader):
+    """``(next_batch, close)`` over a DataLoader, epoch after epoch."""
+    state = {'it': iter(loader)}
+
+    def next_batch():
+        try:
+            return next(state['it'])
+        except StopIteration:
+            state['it'] = iter(loader)
+            return next(state['it'])
+    return next_batch, lambda: state.pop('it', None)
+
+
 def _torch_batched(workload, workers, factor):
     """DataLoader's fastest path for data that can be fancy-indexed (of
     those measured on 'tiny-batched': ``__getitems__`` with an identity
@@ -233,15 +238,7 @@ def _torch_batched(workload, workers, factor):
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=None, sampler=sampler, num_workers=workers,
         persistent_workers=workers > 0, **options)
-    state = {'it': iter(loader)}
-
-    def next_batch():
-        try:
-            return next(state['it'])
-        except StopIteration:
-            state['it'] = iter(loader)
-            return next(state['it'])
-    return next_batch, lambda: state.pop('it', None)
+    return _endless(loader)
 
 
 def measure(loader, workload_name, workers, seconds, warmup_s=1.0,

@@ -24,7 +24,7 @@ from chainiter.iterators.multiprocess import (
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import (
-    _SPARE_DESCRIPTORS, SlotPool)
+    _SPARE_DESCRIPTORS, SlotPool, descriptor_room)
 
 
 def _stacking_padding(converter):
@@ -37,20 +37,6 @@ def _stacking_padding(converter):
             set(converter.keywords) <= {'padding'}:
         return True, converter.keywords.get('padding')
     return False, None
-
-
-def _descriptor_room():
-    """How many more files this process may open (RLIMIT_NOFILE), or
-    None when unknown."""
-    try:
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        used = len(os.listdir('/proc/self/fd'))
-    except (ImportError, OSError, ValueError):
-        return None
-    if soft == resource.RLIM_INFINITY:
-        return None
-    return max(0, soft - used)
 
 
 def _check_picklable(obj, what, method):
@@ -272,7 +258,7 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         fits = self.prefetch_bytes // max(slot_bytes, 1) - 2
         depth = max(2 * n, min(self._max_depth, fits))
-        room = _descriptor_room()
+        room = descriptor_room()
         if room is not None:
             # A slot holds two descriptors here (its file's and its
             # mapping's) and one in each worker, and slots leave a spare

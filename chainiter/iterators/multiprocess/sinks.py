@@ -56,8 +56,23 @@ class _ListSink(_EachSink):
         return self.metas
 
 
-class _StackedSink(_EachSink):
+class _TakesColumns:
+    """Mixed into a stacked sink: a batch method's columns (the whole
+    chunk at once) go straight into the rows; anything else goes to the
+    base class."""
     rows = None     # the Rows of a chunk written a column at a time
+
+    def extend(self, examples):
+        if not len(self) and self.rows is None and \
+                stacked_columns.is_columns(examples):
+            self.rows = stacked_columns.write_stacked_columns(
+                self.whole, self.layout, self.row, examples)
+            if self.rows is not None:
+                return
+        super().extend(examples)
+
+
+class _StackedSink(_TakesColumns, _EachSink):
 
     def __init__(self, whole, layout, row):
         super().__init__(whole, layout, row)
@@ -68,15 +83,6 @@ class _StackedSink(_EachSink):
         return stacked_rows.write_stacked_example(
             self.whole, self.layout, self.start, self.row, example,
             self.specs)
-
-    def extend(self, examples):
-        if not self.metas and self.rows is None and \
-                stacked_columns.is_columns(examples):
-            self.rows = stacked_columns.write_stacked_columns(
-                self.whole, self.layout, self.row, examples)
-            if self.rows is not None:
-                return
-        super().extend(examples)
 
     def result(self):
         if self.rows is not None:
@@ -111,17 +117,7 @@ class _ListChunkSink(_ChunkSink):
         return self._one_by_one(_ListSink) if rows is None else rows
 
 
-class _StackedChunkSink(_ChunkSink):
-    rows = None     # the Rows of a chunk written a column at a time
-
-    def extend(self, examples):
-        if not self and self.rows is None and \
-                stacked_columns.is_columns(examples):
-            self.rows = stacked_columns.write_stacked_columns(
-                self.whole, self.layout, self.row, examples)
-            if self.rows is not None:
-                return
-        super().extend(examples)
+class _StackedChunkSink(_TakesColumns, _ChunkSink):
 
     def result(self):
         if self.rows is not None:

@@ -63,6 +63,22 @@ _SPARE_DESCRIPTORS = 32
 _SPARE_ADDRESS_SPACE = 64 * 2 ** 20
 
 
+def descriptor_room():
+    """How many more files this process may open (``ulimit -n``), or
+    None when there is no limit or it cannot be read."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        return soft - len(os.listdir('/proc/self/fd'))
+    except OSError:
+        return soft
+
+
 def _check_room(size):
     """OSError(EMFILE) or MemoryError when one more slot of ``size`` bytes
     would leave less than the spares of the process's limits."""
@@ -70,15 +86,11 @@ def _check_room(size):
         import resource
     except ImportError:
         return
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY:
-        try:
-            left = soft - len(os.listdir('/proc/self/fd'))
-        except OSError:
-            left = soft
-        if left < _SPARE_DESCRIPTORS + 2:
-            raise OSError(errno.EMFILE, 'only {} file descriptors are left '
-                          '(ulimit -n is {})'.format(left, soft))
+    left = descriptor_room()
+    if left is not None and left < _SPARE_DESCRIPTORS + 2:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        raise OSError(errno.EMFILE, 'only {} file descriptors are left '
+                      '(ulimit -n is {})'.format(left, soft))
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         try:
