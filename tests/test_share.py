@@ -262,3 +262,115 @@ def test_what_goes_by_value_keeps_its_large_arrays_shared():
         del got_closure, got_global, function, array
     finally:
         arrays.release()
+
+
+# ---- the main process's arrays move into the block -------------------------
+
+def _moved(array):
+    """Whether the middle of ``array`` lies in a shared-memory file (its
+    first and last partial pages stay private)."""
+    middle = array.reshape(-1, order='A')[array.size // 2:]
+    path = helpers.shared_mapping_of(middle)
+    return path is not None and path.startswith('/dev/shm/')
+
+
+needs_remap = pytest.mark.skipif(
+    not share.remap.available() or not os.path.isdir('/dev/shm'),
+    reason='arrays move in place on Linux only')
+
+
+@needs_remap
+def test_main_process_arrays_move_into_the_block_and_back(method):
+    # Under spawn and forkserver the main process's own arrays move into
+    # the block its workers map (the tree holds them once) while the pool
+    # lives, and are private memory again once it closes: same values,
+    # writes kept, nothing left mapped.
+    gc.collect()
+    buffers = mapped_buffers()
+    dataset = helpers.BigArrays()
+    before = [a.copy() for a in (dataset.big, dataset.fortran)]
+    got, expected = _batches(dataset, method, 4)
+    assert [fingerprint([e[:-1] for e in b]) for b in got] == \
+        [fingerprint([e[:-1] for e in b]) for b in expected]
+    assert not _moved(dataset.big) and not _moved(dataset.fortran)
+    del got, expected          # they view the iterator's buffers
+    gc.collect()
+    assert mapped_buffers() == buffers
+    for array, copy in zip((dataset.big, dataset.fortran), before):
+        numpy.testing.assert_array_equal(array, copy)
+    with MultiprocessIterator(dataset, 4, n_processes=1,
+                              start_method=method) as it:
+        next(it)
+        moved = method != 'fork'
+        assert _moved(dataset.big) == moved
+        assert _moved(dataset.fortran) == moved
+        assert not _moved(dataset.strided)     # copied contiguous: stays
+        dataset.big[2 ** 18] = -5.0
+    assert not _moved(dataset.big)
+    assert dataset.big[2 ** 18] == -5.0 and dataset.big.flags.writeable
+    dataset.big[2 ** 18] = 2 ** 18
+    numpy.testing.assert_array_equal(dataset.big, before[0])
+
+
+def test_arrays_move_and_come_back_in_one_process():
+    big = numpy.arange(2 ** 20, dtype=numpy.float64)          # 8 MiB
+    view = numpy.arange(2 ** 20, dtype=numpy.int64)[1000:]    # a view: too
+    small = numpy.arange(2 ** 17 - 1, dtype=numpy.float64)   # by value
+    got, _, arrays = _round_trip({'big': big, 'view': view, 'small': small})
+    try:
+        assert _moved(big) == _moved(view) == share.remap.available()
+        numpy.testing.assert_array_equal(got['big'], big)
+        numpy.testing.assert_array_equal(got['view'], view)
+        big[:] = 3.0                  # the main process's writes stay
+        assert not _moved(small)
+    finally:
+        arrays.release()
+    assert not _moved(big) and not _moved(view)
+    assert (big == 3.0).all()
+    numpy.testing.assert_array_equal(view, numpy.arange(1000, 2 ** 20))
+
+
+@needs_remap
+def test_an_array_moves_into_one_block_only():
+    big = numpy.arange(2 ** 20, dtype=numpy.float64)
+    first, _, one = _round_trip([big])
+    second, _, two = _round_trip([big])
+    try:
+        assert _moved(big)
+        assert len(share.remap._moved) == 1
+        numpy.testing.assert_array_equal(second[0], big)
+        one.release()
+        assert not _moved(big)
+        numpy.testing.assert_array_equal(second[0], big)
+    finally:
+        one.release()
+        two.release()
+    numpy.testing.assert_array_equal(big, numpy.arange(2 ** 20))
+
+
+def _write_and_report(array, queue):
+    array[:] = -1.0
+    queue.put(float(array.sum()))
+
+
+@needs_remap
+def test_a_fork_gets_the_moved_arrays_copy_on_write():
+    # A process forked while arrays are moved (another iterator's fork
+    # workers) gets them copy-on-write, as any memory: its writes are its
+    # own.
+    import multiprocessing
+    big = numpy.arange(2 ** 20, dtype=numpy.float64)
+    _, _, arrays = _round_trip([big])
+    try:
+        assert _moved(big)
+        ctx = multiprocessing.get_context('fork')
+        queue = ctx.SimpleQueue()
+        child = ctx.Process(target=_write_and_report, args=(big, queue))
+        child.start()
+        assert queue.get() == -float(2 ** 20)
+        child.join(timeout=30)
+        assert child.exitcode == 0
+        assert not _moved(big)        # given back before the fork
+        numpy.testing.assert_array_equal(big, numpy.arange(2 ** 20))
+    finally:
+        arrays.release()

@@ -32,6 +32,10 @@ attribute, a list, a dict, inside any picklable object).  Other subclasses
 (``numpy.ma``, ``numpy.matrix``, ``numpy.recarray``, ...), object arrays
 and smaller arrays are pickled by value, as before.
 
+- On Linux the main process's own array moves into the block in place
+  (remap.py): its whole pages become the block's, so the process tree
+  holds it once; ``release`` moves them back to private memory.  Arrays
+  whose memory numpy allocated (or views of such), contiguous, only.
 - The worker's arrays are read-only views of the block: writing raises
   numpy's ``ValueError: assignment destination is read-only``.
 - Non-contiguous arrays are copied contiguous (C order) into the block;
@@ -70,13 +74,11 @@ from multiprocessing import reduction
 
 import numpy
 
-from chainiter.iterators.multiprocess import by_value
-from chainiter.iterators.multiprocess.shm import SharedBuffer
+from chainiter.iterators.multiprocess import by_value, remap
+from chainiter.iterators.multiprocess.shm import _SHM_DIR, SharedBuffer
 
 #: Arrays of at least this many bytes travel as shared memory.
 SHARE_MIN_BYTES = 2 ** 20
-
-_ALIGN_BYTES = 64
 
 try:
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
@@ -99,9 +101,11 @@ def shareable(obj):
 
 
 def place(array, block, offset):
-    """The ``Place`` of ``array`` in ``block`` at the first aligned offset
-    from ``offset``, and the offset after it."""
-    offset = -(-offset // _ALIGN_BYTES) * _ALIGN_BYTES
+    """The ``Place`` of ``array`` in ``block`` at the first offset from
+    ``offset`` that is its address modulo the page size (so that its pages
+    can move there: remap.py), and the offset after it."""
+    address = array.__array_interface__['data'][0]
+    offset += (address - offset) % remap.PAGE
     order = 'F' if array.flags.f_contiguous and \
         not array.flags.c_contiguous else 'C'
     return (Place(block, offset, array.dtype, array.shape, order),
@@ -357,6 +361,7 @@ class ArrayShare:
         self._by_value = False  # whether it took cloudpickle's pickler
         self._released = False
         self._lent = {}         # id(mapping) -> (key, _Lent): kept alive
+        self._moved = []        # (block, start, offset): remap.copy_in's
 
     def lend(self, mapping, fd, size):
         """The key of ``shared_empty``'s ``mapping`` among the blocks; the
@@ -385,23 +390,48 @@ class ArrayShare:
             blocks.update(lent for lent in self._lent.values())
             return stream.getvalue(), {k: blocks[k] for k in pickler.used}
 
-    @staticmethod
-    def _fill(arrays, size):
-        """A new block holding ``arrays``; only its descriptor stays open."""
+    def _fill(self, arrays, size):
+        """A new block holding ``arrays``; only its descriptor stays open.
+        The main process's arrays that can move into it do (remap.py)."""
         shared = SharedBuffer.allocate(size)
         try:
             for array, where in arrays.values():
                 if isinstance(where, Place):
-                    view(shared.buffer, where)[...] = array
+                    self._copy(array, shared, where)
             shared.unmap()
         except BaseException:
+            self._give_back(shared)
             shared.release()
             raise
         return shared
 
+    def _copy(self, array, shared, where):
+        found = remap.movable(array) if shared.directory == _SHM_DIR else None
+        if found is None or where.offset % remap.PAGE != \
+                found[0] % remap.PAGE:
+            view(shared.buffer, where)[...] = array
+            return
+        address, nbytes = found
+        start, length = remap.copy_in(
+            address, nbytes, shared.region()[0] + where.offset, shared.fd,
+            where.offset)
+        if length:
+            self._moved.append((shared, start, where.offset + start - address))
+
+    def _give_back(self, block=None):
+        """The moved pages (of ``block``, or all) private again."""
+        keep = []
+        for shared, start, offset in self._moved:
+            if block is None or shared is block:
+                remap.give_back(start, shared.fd, offset)
+            else:
+                keep.append((shared, start, offset))
+        self._moved = keep
+
     def release(self):
         with self._lock:
             self._released = True
+            self._give_back()       # before the arrays may go
             blocks, self._blocks = self._blocks, {}
             self._known = {}
             self._lent = {}         # the user's: not ours to release

@@ -83,6 +83,7 @@ class SharedBuffer:
     def __init__(self, size, fd, readonly=False):
         self.size = size
         self.fd = fd
+        self.directory = None       # where allocate() put the file
         self.buffer = None
         if size:
             self.buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ) \
@@ -144,6 +145,7 @@ class SharedBuffer:
                 continue
             try:
                 shared = cls(size, fd)
+                shared.directory = directory
             except OSError as e:
                 os.close(fd)
                 if e.errno != errno.ENOMEM:
