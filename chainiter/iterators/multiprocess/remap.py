@@ -111,8 +111,9 @@ def copy_in(address, nbytes, target, fd, offset):
     """Copy the ``nbytes`` bytes at ``address`` to ``target`` (a mapping
     of file ``fd`` at file offset ``offset``, which is ``address`` modulo
     the page size) and move their whole pages there (``adopt``), a step at
-    a time.  ``(start, length)``: the pages moved (length 0 when moving
-    failed: then the bytes are only copied)."""
+    a time.  The pages moved are registered under their start (``pages``)
+    as they move, for ``give_back``; when moving fails the rest is only
+    copied."""
     start, length = pages(address, nbytes)
     done = min(start - address, nbytes)          # bytes copied
     ctypes.memmove(target, address, done)
@@ -123,14 +124,17 @@ def copy_in(address, nbytes, target, fd, offset):
                 step = min(STEP_BYTES, length - moved)
                 ctypes.memmove(target + done, address + done, step)
                 done += step
+                # Registered first: an interrupt leaves no moved page
+                # unregistered (giving back a page not moved is harmless).
+                _moved[start] = moved + step
                 adopt(start + moved, step, fd, offset + done - step)
                 moved += step
         except OSError:
-            pass                     # the rest is copied, not moved
-        if moved:
-            _moved[start] = moved
+            if moved:
+                _moved[start] = moved
+            else:
+                _moved.pop(start, None)
     ctypes.memmove(target + done, address + done, nbytes - done)
-    return start, moved
 
 
 def adopt(start, length, fd, offset):

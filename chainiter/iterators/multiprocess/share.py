@@ -412,11 +412,11 @@ class ArrayShare:
             view(shared.buffer, where)[...] = array
             return
         address, nbytes = found
-        start, length = remap.copy_in(
-            address, nbytes, shared.region()[0] + where.offset, shared.fd,
-            where.offset)
-        if length:
-            self._moved.append((shared, start, where.offset + start - address))
+        start, _ = remap.pages(address, nbytes)
+        # Recorded first: whatever moves is given back at release.
+        self._moved.append((shared, start, where.offset + start - address))
+        remap.copy_in(address, nbytes, shared.region()[0] + where.offset,
+                      shared.fd, where.offset)
 
     def _give_back(self, block=None):
         """The moved pages (of ``block``, or all) private again."""

@@ -28,7 +28,6 @@ import signal
 import threading
 import weakref
 
-import numpy
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter.iterators.multiprocess.shm import SharedBuffer
