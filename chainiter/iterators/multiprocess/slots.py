@@ -28,7 +28,6 @@ import signal
 import threading
 import weakref
 
-
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
