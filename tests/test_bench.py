@@ -1,5 +1,6 @@
 """The benchmark runs (smoke mode); its figures are not checked here."""
 
+import os
 import subprocess
 import sys
 
@@ -91,7 +92,10 @@ def run_bench(*args, timeout=60):
     (['--loaders', 'chainiter:x'], ['chainiter:x', 'NAME:K']),
     (['--workers', '2,x'], ['2,x', '1,2,4']),
     (['--workers', '0'], ["'0'", '1,2,4']),
-    (['--workloads', ''], ['nothing to run', '--dataset'])])
+    (['--workloads', ''], ['nothing to run', '--dataset']),
+    (['--compare', 'nosuch'], ['nosuch', 'torch, grain', 'torch,grain']),
+    (['--compare', 'grain,torch:8'], ["'torch:8'", 'torch, grain']),
+    (['--loaders', 'grain:0'], ['grain:0', 'NAME:K'])])
 def test_bench_argument_errors_stop_before_anything_runs(args, names):
     out = run_bench('--smoke', *args)
     assert out.returncode == 2, out.stderr
@@ -151,3 +155,122 @@ def test_tiny_batched_against_dataloaders_batched_path():
         assert tuple(x.shape) == (8, 16) and tuple(labels.shape) == (8,)
     finally:
         close()
+
+
+@pytest.mark.parametrize('peer, release', [('torch', 'torch==2.13.0'),
+                                           ('grain', 'grain==0.2.18')])
+def test_bench_says_which_peer_is_missing(tmp_path, peer, release):
+    # A package of that name that fails to import stands in for a machine
+    # without it.
+    (tmp_path / peer).mkdir()
+    (tmp_path / peer / '__init__.py').write_text(
+        'raise ImportError({!r})\n'.format('No module named ' + repr(peer)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + sys.path))
+    out = subprocess.run(
+        [sys.executable, '-m', 'chainiter.bench', '--smoke', '--compare',
+         peer],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ''
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'memcpy' not in out.stderr, out.stderr
+    assert 'the {} loaders need {}'.format(peer, peer) in lines[0]
+    assert 'pip install ' + release in lines[0]
+
+
+def test_compare_takes_a_list_or_repeats():
+    from chainiter.bench.__main__ import _peers
+    assert _peers([]) == []
+    assert _peers(['torch,grain']) == ['torch', 'grain']
+    assert _peers(['grain', 'torch', 'grain']) == ['grain', 'torch']
+    with pytest.raises(ValueError, match="'jax'.*torch, grain"):
+        _peers(['torch,jax'])
+
+
+def test_table_compares_with_each_peer_that_ran():
+    from chainiter.bench.__main__ import format_table
+
+    def run(rate):
+        return [{'examples_per_s': rate, 'first_batch_s': 0.1,
+                 'peak_pss_bytes': 2 ** 20}]
+    results = {('tiny', 2, 'chainiter'): run(800.0),
+               ('tiny', 2, 'chainiter:16'): run(1200.0),
+               ('tiny', 2, 'torch'): run(100.0),
+               ('tiny', 2, 'grain'): run(50.0),
+               ('tiny', 2, 'grain:16'): run(400.0),
+               ('tiny', 2, 'serial'): run(400.0),
+               # grain skipped bucketed: no row, '-' against it
+               ('bucketed', 2, 'chainiter'): run(300.0),
+               ('bucketed', 2, 'torch'): run(100.0)}
+    loaders = ['chainiter', 'chainiter:16', 'serial', 'torch', 'grain',
+               'grain:16']
+    table = format_table(results, ['tiny', 'bucketed'], [2], loaders, 1e9)
+    lines = [[cell.strip() for cell in line.split('|')[1:-1]]
+             for line in table.splitlines()]
+    header = lines[0]
+    assert header[4:7] == ['vs torch', 'vs grain', 'vs serial']
+    rows = {(row[0], row[2]): dict(zip(header, row)) for row in lines[2:]}
+    assert rows['tiny', 'chainiter']['vs grain'] == '16.00x'
+    assert rows['tiny', 'chainiter:16']['vs grain'] == '3.00x'  # grain:16
+    assert rows['tiny', 'chainiter:16']['vs torch'] == '12.00x'  # no torch:16
+    assert rows['tiny', 'grain']['vs torch'] == '0.50x'
+    assert rows['bucketed', 'chainiter']['vs grain'] == '-'
+    assert ('bucketed', 'grain') not in rows
+    # Without grain the table keeps its columns.
+    table = format_table(results, ['tiny'], [2], ['chainiter', 'torch'], 1e9)
+    assert 'vs grain' not in table and 'vs torch' in table
+
+
+def test_grain_skips_workloads_with_their_own_batch_order():
+    from chainiter.bench import runner, workloads
+    reason = runner.unsupported('grain', workloads.get('bucketed'))
+    assert 'batch sampler' in reason
+    for name in workloads.WORKLOADS:
+        if name != 'bucketed':
+            assert runner.unsupported('grain', workloads.get(name)) is None
+        assert runner.unsupported('chainiter', workloads.get(name)) is None
+        assert runner.unsupported('torch:4', workloads.get(name)) is None
+
+
+@pytest.mark.parametrize('name, shapes', [
+    ('tiny', [(8, 16), (8,)]),
+    ('tiny-batched', [(8, 16), (8,)])])
+def test_grain_dataloader_batches_as_chainiter(name, shapes):
+    pytest.importorskip('grain')
+    from chainiter.bench import runner, workloads
+    next_batch, close = runner.make_loader('grain', workloads.get(name, 8),
+                                           0)
+    try:
+        batch = next_batch()
+        assert [tuple(x.shape) for x in batch] == shapes
+    finally:
+        close()
+
+
+def test_grain_pads_variable_with_the_workloads_converter():
+    pytest.importorskip('grain')
+    from chainiter.bench import runner, workloads
+    next_batch, close = runner.make_loader(
+        'grain:2', workloads.get('variable', 4), 0)
+    try:
+        batch = next_batch()
+        assert batch.shape[0] == 4 and batch.dtype == 'int32'
+        assert (batch[:, 0] == 0).all()      # each row an arange, padded
+    finally:
+        close()
+
+
+@pytest.mark.timeout(120)
+def test_bench_compare_grain_skips_what_grain_cannot_run():
+    pytest.importorskip('grain')
+    out = run_bench('--smoke', '--workloads', 'tiny,bucketed', '--workers',
+                    '1', '--loaders', 'serial', '--compare', 'grain',
+                    timeout=110)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split('|') for line in out.stdout.splitlines()
+            if line.startswith('| ') and not line.startswith('| workload |')]
+    assert sorted((row[1].strip(), row[3].strip()) for row in rows) == [
+        ('bucketed', 'serial'), ('tiny', 'grain'), ('tiny', 'serial')]
+    assert 'skipping grain on bucketed' in out.stderr
+    assert 'grain did not run bucketed' in out.stdout

@@ -1,12 +1,14 @@
 """``python -m chainiter.bench``: examples/s, time to the first batch and
 peak memory of chainiter's MultiprocessIterator, side by side with a plain
-serial loop and (``--compare torch``) PyTorch's DataLoader.
+serial loop and (``--compare torch,grain``) PyTorch's and Grain's
+DataLoaders.
 
 Every measurement runs in a fresh process; loaders interleave and every
 measurement repeats (the table shows medians), because machines are noisy.
 """
 
 import argparse
+import importlib
 import json
 import statistics
 import subprocess
@@ -18,6 +20,9 @@ import numpy
 from chainiter.bench import runner, workloads
 
 DEFAULT_LOADERS = ['chainiter', 'chainiter-list', 'serial']
+#: The peers --compare runs, and how to install the release measured.
+PEERS = {'torch': 'pip install torch==2.13.0',
+         'grain': 'pip install grain==0.2.18 (Python 3.11 or newer)'}
 
 
 def memcpy_bandwidth(n_bytes=256 * 2 ** 20, repeats=5):
@@ -64,6 +69,19 @@ def _worker_counts(text):
     return [int(w) for w in counts]
 
 
+def _peers(values):
+    """The peers of ``--compare`` (each given comma-separated or repeated),
+    each once, in order."""
+    peers = [p.strip() for value in values for p in value.split(',')]
+    for peer in peers:
+        if peer not in PEERS:
+            raise ValueError(
+                'unknown peer {!r}: --compare takes {}, comma-separated or '
+                'repeated, e.g. --compare torch,grain'.format(
+                    peer, ', '.join(PEERS)))
+    return list(dict.fromkeys(peers))
+
+
 def parse_args(argv=None):
     """The arguments, every one checked: a wrong one ends the program with
     status 2 and one line saying what was wrong and the right form, before
@@ -89,11 +107,15 @@ def parse_args(argv=None):
                              'run at the defaults (the self-tuning depth); '
                              'chainiter:K keeps K batches per worker in '
                              'flight, torch:K is DataLoader with '
-                             'prefetch_factor=K; a :K row is compared with '
-                             'torch:K when that runs too (default: '
-                             '%(default)s)')
-    parser.add_argument('--compare', choices=['torch'], action='append',
-                        default=[], help='also run this peer')
+                             'prefetch_factor=K, grain:K Grain\'s with '
+                             'worker_buffer_size=K; a :K row is compared '
+                             'with torch:K and grain:K when they run too '
+                             '(default: %(default)s)')
+    parser.add_argument('--compare', action='append', default=[],
+                        metavar='PEERS',
+                        help='also run these peers at their defaults, of {} '
+                             '(comma-separated or repeated)'.format(
+                                 ', '.join(PEERS)))
     parser.add_argument('--repeats', type=int, default=3,
                         help='runs of each loader (default: %(default)s)')
     parser.add_argument('--seconds', type=float, default=3.0,
@@ -133,6 +155,7 @@ def _check(args):
     for spec in args.dataset:
         workloads.user_function(spec)
     # Each once, in order: a loader also given as --compare runs once.
+    args.compare = _peers(args.compare)
     args.loaders = list(dict.fromkeys(
         [x for x in args.loaders.split(',') if x] + args.compare))
     if not args.loaders:
@@ -151,12 +174,14 @@ def _check(args):
         raise ValueError('--seconds takes a positive number and --warmup '
                          'zero or more, got {} and {}'.format(
                              args.seconds, args.warmup))
-    if any(loader.partition(':')[0] == 'torch' for loader in args.loaders):
-        try:
-            import torch  # NOQA
-        except ImportError:
-            raise ValueError('the torch loaders need torch: pip install '
-                             'torch==2.13.0') from None
+    for peer, install in PEERS.items():
+        if any(loader.partition(':')[0] == peer
+               for loader in args.loaders):
+            try:
+                importlib.import_module(peer)
+            except ImportError as e:
+                raise ValueError('the {} loaders need {} ({}): {}'.format(
+                    peer, peer, e, install)) from None
 
 
 def main(argv=None):
@@ -166,9 +191,20 @@ def main(argv=None):
     bandwidth = memcpy_bandwidth(2 ** 24 if args.smoke else 2 ** 28)
     print('memcpy bandwidth: {:.1f} GB/s (single copy)'.format(
         bandwidth / 1e9), file=sys.stderr)
+    # Where a peer cannot express a workload, it says why and skips it.
+    skipped = {}
+    for w in names:
+        workload = workloads.get(w, args.batch_size)
+        for loader in loaders:
+            reason = runner.unsupported(loader, workload)
+            if reason:
+                skipped[w, loader] = reason
+                print('skipping {} on {}: {}'.format(loader, w, reason),
+                      file=sys.stderr)
     runs = [(w, n, loader) for w in names for n in worker_counts
             for loader in loaders if not (loader == 'serial' and n !=
-                                          worker_counts[0])]
+                                          worker_counts[0])
+            and (w, loader) not in skipped]
     results = {}
     total = len(runs) * args.repeats
     done = 0
@@ -183,12 +219,18 @@ def main(argv=None):
                                       rep + 1, r['examples_per_s']),
                   file=sys.stderr, flush=True)
     print(format_table(results, names, worker_counts, loaders, bandwidth))
+    for (w, loader), reason in skipped.items():
+        print('{} did not run {}: {}'.format(loader, w, reason))
 
 
 def format_table(results, names, worker_counts, loaders, bandwidth):
     lines = []
-    header = ('workload', 'workers', 'loader', 'examples/s', 'vs torch',
-              'vs serial', '% memcpy', 'first batch s', 'peak PSS MiB')
+    # 'vs torch' always (the first peer); another peer's column when it ran.
+    peers = [p for p in PEERS if p == 'torch' or any(
+        loader.partition(':')[0] == p for loader in loaders)]
+    header = (('workload', 'workers', 'loader', 'examples/s') +
+              tuple('vs ' + p for p in peers) +
+              ('vs serial', '% memcpy', 'first batch s', 'peak PSS MiB'))
     lines.append('| ' + ' | '.join(header) + ' |')
     lines.append('|' + '|'.join('---' for _ in header) + '|')
     for workload in names:
@@ -205,17 +247,21 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                 if loader == 'serial' and workers != worker_counts[0]:
                     continue
                 rate = median(loader, 'examples_per_s')
-                # Like with like: a deeper pipeline against DataLoader
+                if rate is None:        # a peer that skipped this workload
+                    continue
+                # Like with like: a deeper pipeline against a DataLoader
                 # as deep, when that ran.
                 depth = loader.partition(':')[2]
-                peer = 'torch:' + depth if depth and \
-                    'torch:' + depth in loaders else 'torch'
-                torch_rate = median(peer, 'examples_per_s')
+                ratios = []
+                for p in peers:
+                    peer = p + ':' + depth if depth and \
+                        p + ':' + depth in loaders else p
+                    peer_rate = median(peer, 'examples_per_s')
+                    ratios.append('{:.2f}x'.format(rate / peer_rate)
+                                  if peer_rate else '-')
                 lines.append('| ' + ' | '.join([
                     workload, str(0 if loader == 'serial' else workers),
-                    loader, '{:,.0f}'.format(rate),
-                    '{:.2f}x'.format(rate / torch_rate) if torch_rate
-                    else '-',
+                    loader, '{:,.0f}'.format(rate)] + ratios + [
                     '{:.2f}x'.format(rate / serial_rate) if serial_rate
                     else '-',
                     '{:.0f}%'.format(100 * rate / ceiling),

@@ -15,6 +15,14 @@ Loaders:
                      on 'tiny-batched' its batched path: batch_size=None,
                      a BatchSampler as the sampler, and a dataset that
                      takes the list of indices (one fancy index per array)
+    grain            Grain's DataLoader (``import grain``, 0.2.18) at its
+                     defaults: an IndexSampler (shuffled, endless), a
+                     Batch operation (its own stacking, or the workload's
+                     converter where that pads), worker_count=WORKERS;
+                     per example on 'tiny-batched' too (it reads records
+                     one at a time); not on workloads with their own order
+                     ('bucketed': see ``unsupported``)
+    grain:K          the same with worker_buffer_size=K (batches per worker)
     serial           a plain loop: index, fetch, numpy stack (per example,
                      on 'tiny-batched' too)
 """
@@ -28,6 +36,7 @@ import time
 import numpy
 
 from chainiter.bench import workloads
+from chainiter.dataset.convert import concat_examples
 
 _PAGE = 4096
 # Memory is sampled often while loaders start (when buffers and workers
@@ -137,7 +146,7 @@ class PeakPss:
 
 #: Loader names; those marked True also take ``:K`` (batches per worker).
 LOADERS = {'chainiter': True, 'chainiter-list': True, 'torch': True,
-           'serial': False}
+           'grain': True, 'serial': False}
 
 
 def parse_loader(name):
@@ -155,12 +164,24 @@ def parse_loader(name):
             ', '.join(n for n, deep in LOADERS.items() if deep)))
 
 
+def unsupported(name, workload):
+    """Why the loader ``name`` cannot run ``workload`` as the others do, or
+    ``None`` when it can."""
+    if parse_loader(name)[0] == 'grain' and workload.order is not None:
+        return ("each of its batches is one bucket, dealt by its own batch "
+                "order; Grain's DataLoader takes records one at a time from "
+                "an IndexSampler and has no batch sampler")
+    return None
+
+
 def make_loader(name, workload, workers):
     """``(next_batch, close)`` for a loader on a workload."""
     base, factor = parse_loader(name)
     batch_size = workload.batch_size
     if base == 'torch' and workload.torch_batches is not None:
         return _torch_batched(workload, workers, factor)
+    if base == 'grain':
+        return _grain(workload, workers, factor)
     dataset = workload.make()
     if workload.order is not None and batch_size != dataset.block:
         dataset.block = batch_size     # each batch one bucket
@@ -239,6 +260,33 @@ def _torch_batched(workload, workers, factor):
         dataset, batch_size=None, sampler=sampler, num_workers=workers,
         persistent_workers=workers > 0, **options)
     return _endless(loader)
+
+
+def _grain(workload, workers, factor):
+    """Grain's DataLoader at its defaults (its ReadOptions' reader threads
+    in each worker too), over an endless shuffled sampler; ``:K`` sets
+    ``worker_buffer_size`` (batches per worker in flight)."""
+    import grain
+    reason = unsupported('grain', workload)
+    if reason:
+        raise ValueError('grain cannot run {}: {}'.format(workload.name,
+                                                         reason))
+    dataset = workload.make()
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(dataset), shuffle=True, seed=0, num_epochs=None)
+    # Grain's own stacking, as concat_examples stacks; a workload that
+    # pads brings its converter.
+    batch_fn = None if workload.converter is concat_examples \
+        else workload.converter
+    options = {'worker_buffer_size': factor} if factor else {}
+    loader = grain.DataLoader(
+        data_source=dataset, sampler=sampler,
+        operations=[grain.transforms.Batch(batch_size=workload.batch_size,
+                                           batch_fn=batch_fn)],
+        worker_count=workers, **options)
+    state = {'it': iter(loader)}
+    # Grain closes the iterator (stops its workers) when it is collected.
+    return (lambda: next(state['it'])), lambda: state.pop('it', None)
 
 
 def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
