@@ -374,3 +374,39 @@ def test_a_fork_gets_the_moved_arrays_copy_on_write():
         numpy.testing.assert_array_equal(big, numpy.arange(2 ** 20))
     finally:
         arrays.release()
+
+
+def _shared_pages_at(arrays):
+    """The arrays whose memory lies in a shared-memory file here."""
+    return [i for i, array in enumerate(arrays) if _moved(array)]
+
+
+@needs_remap
+def test_a_fork_while_another_thread_moves_arrays_gets_them_copy_on_write():
+    # Arrays move while a worker starts, which may be in another thread
+    # (worker restarts, an iterator made in a thread) than one that forks
+    # meanwhile: each forked process still gets every array copy-on-write,
+    # and its writes never reach the parent's arrays.
+    import threading
+    arrays = [numpy.full(2 ** 21, i, dtype=numpy.float64)     # 16 MiB each
+              for i in range(16)]
+    share_ = share.ArrayShare()
+    mover = threading.Thread(target=share_.dumps, args=(arrays,))
+    children = []        # their exit statuses
+    try:
+        mover.start()
+        while mover.is_alive() or not children:
+            pid = os.fork()
+            if pid == 0:                      # the child
+                shared = _shared_pages_at(arrays)
+                for array in arrays:
+                    array[array.size // 2] = -1.0
+                os._exit(1 if shared else 0)
+            children.append(os.waitpid(pid, 0)[1])
+        mover.join()
+        assert children == [0] * len(children)
+        for i, array in enumerate(arrays):
+            assert (array == i).all()
+    finally:
+        mover.join()
+        share_.release()

@@ -67,7 +67,6 @@ def available():
                 libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int,
                                            ctypes.c_long, ctypes.c_long)
                 _libc = libc
-                os.register_at_fork(before=restore_all)
             except (OSError, AttributeError):
                 pass
     return bool(_libc)
@@ -153,27 +152,64 @@ def give_back(start, fd=-1, offset=0):
     they were (from ``offset``) are freed as they go (no process may map
     them any more).  Nothing when they are back already."""
     with _lock:
-        length = _moved.pop(start, 0)
-        done = 0
-        try:
-            while done < length:
-                step = min(STEP_BYTES, length - done)
-                restore(start + done, step)
-                if fd >= 0:
-                    _libc.fallocate(fd, _FALLOC_PUNCH_HOLE, offset + done,
-                                    step)
-                done += step
-        except OSError:
-            # Left in the file (which stays while mapped): still right,
-            # only not private.
-            pass
+        _give_back(start, fd, offset)
+
+
+def _give_back(start, fd=-1, offset=0):
+    # give_back, under _lock.
+    length = _moved.pop(start, 0)
+    done = 0
+    try:
+        while done < length:
+            step = min(STEP_BYTES, length - done)
+            restore(start + done, step)
+            if fd >= 0:
+                _libc.fallocate(fd, _FALLOC_PUNCH_HOLE, offset + done, step)
+            done += step
+    except OSError:
+        # Left in the file (which stays while mapped): still right, only
+        # not private.
+        pass
 
 
 def restore_all():
-    """Give every moved region back, before the process forks (a forked
-    child must get a copy-on-write copy of the arrays, not share them)."""
+    """Give every moved region back."""
+    with _lock:
+        for start in list(_moved):
+            _give_back(start)
+
+
+# Whether _before_fork holds _lock (for the fork's after hooks to release).
+_held_for_fork = False
+
+
+def _before_fork():
+    """Before the process forks: every moved region given back (a forked
+    child must get a copy-on-write copy of the arrays, not share them),
+    and no move until the fork is done: ``_lock`` is held through it (a
+    thread that moves arrays meanwhile, a worker starting, waits) and
+    released by ``_after_fork`` in the parent and in the child."""
+    global _held_for_fork
+    _lock.acquire()
+    _held_for_fork = True
     for start in list(_moved):
-        give_back(start)
+        _give_back(start)
+
+
+def _after_fork():
+    global _held_for_fork
+    if _held_for_fork:
+        _held_for_fork = False
+        _lock.release()
+
+
+# Registered at import, before forks.py's hooks (it imports this module
+# first): the after hooks run in that order, so _lock is released before
+# forks.py waits for a pool's lock, which a thread that moves arrays may
+# hold while it waits for _lock.
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork,
+                        after_in_child=_after_fork)
 
 
 def restore(start, length):
