@@ -410,3 +410,58 @@ def test_a_fork_while_another_thread_moves_arrays_gets_them_copy_on_write():
     finally:
         mover.join()
         share_.release()
+
+
+@needs_remap
+def test_arrays_stay_put_when_moving_is_switched_off(monkeypatch):
+    monkeypatch.setattr(share, 'MOVE_ARRAYS', False)
+    big = numpy.arange(2 ** 20, dtype=numpy.float64)
+    got, _, arrays = _round_trip([big])
+    try:
+        assert not _moved(big)
+        numpy.testing.assert_array_equal(got[0], big)
+    finally:
+        arrays.release()
+
+
+_SHORT_OF_MEMORY = r'''
+import resource, numpy
+from chainiter.iterators.multiprocess import remap, share
+big = numpy.arange(2 ** 21, dtype=numpy.float64)          # 16 MiB
+arrays = share.ArrayShare()
+arrays.dumps([big])
+assert remap._moved
+big[7] = -7.0
+# No address space left for the copy that gives the pages back.
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+with open('/proc/self/statm') as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + 2 ** 20, hard))
+arrays.release()
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+assert remap._moved, 'still recorded, for the next fork to try again'
+expected = numpy.arange(2 ** 21, dtype=numpy.float64)
+expected[7] = -7.0
+assert (big == expected).all()
+del big, arrays
+import os
+pid = os.fork()             # the fork hook gives the pages back now
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+assert not remap._moved
+print('ok')
+'''
+
+
+@needs_remap
+@pytest.mark.timeout(60)
+def test_pages_that_cannot_go_back_keep_their_values():
+    # Short of memory when the pool closes: the pages stay in the file
+    # (values right), recorded, and go back at the next fork.
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, '-c', _SHORT_OF_MEMORY],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == 'ok'

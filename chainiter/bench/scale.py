@@ -8,8 +8,8 @@ repeats), it prints:
 - construct: building the loader;
 - boundary: the slowest ``next()`` of the 8 batches on each side of an
   epoch boundary, against the median ``next()`` there, with a 2 ms training
-  step between batches (chainiter jumps to
-  8 batches before the end with a snapshot; DataLoader starts its next epoch
+  step between batches (chainiter jumps to 32 batches before the end
+  with a snapshot and takes 24 untimed, while its pipeline refills; DataLoader starts its next epoch
   with ``iter()``, as its epoch loop does);
 - mid-epoch: the same figure for 16 batches away from the boundary, the
   control: on a shared or virtual machine a ``next()`` of 0.1 ms varies
@@ -43,6 +43,7 @@ import numpy
 BATCH = 256
 WORKERS = 2
 AROUND = 8        # batches measured on each side of the boundary
+WARM = 24         # untimed batches after a jump: the pipeline refills
 STEP_S = 0.002    # a training step between batches (the GPU's turn)
 
 
@@ -105,14 +106,16 @@ def measure_chainiter(n):
     with it:
         next(it)
         state = it.state_dict()
-        state['current_position'] = n - AROUND * BATCH
+        state['current_position'] = n - (WARM + AROUND) * BATCH
         it.load_state_dict(state)
         # The bench's own collection first: the next() right after it
         # runs with cold caches, whatever the loader.
         gc.collect()
-        _timed_nexts(it, 2)                 # the pipeline refills
+        # While the pipeline refills after the jump, its workers take the
+        # cores from the main process: not what a boundary costs.
+        _timed_nexts(it, WARM)
         rss = _rss_bytes()
-        before = _timed_nexts(it, AROUND - 2)
+        before = _timed_nexts(it, AROUND)
         after = _timed_nexts(it, AROUND)
         assert it.epoch == 1
         out['boundary_max_s'], out['next_median_s'] = _boundary(before, after)
@@ -122,7 +125,7 @@ def measure_chainiter(n):
         state = it.state_dict()
         state['current_position'] = n // 2 // BATCH * BATCH
         it.load_state_dict(state)
-        _timed_nexts(it, 2)
+        _timed_nexts(it, WARM)
         _slowest(out, 'control', _timed_nexts(it, 2 * AROUND))
         f = io.BytesIO()
         t = time.perf_counter()
@@ -152,7 +155,7 @@ def measure_torch(n, stateful=False):
     it = iter(loader)
     next(it)
     gc.collect()
-    _timed_nexts(it, 2)
+    _timed_nexts(it, WARM)
     rss = _rss_bytes()
     before = _timed_nexts(it, AROUND)
     # The next epoch, as `for epoch ...: for batch in loader` starts it.
@@ -221,10 +224,11 @@ def _size(text):
         value = float(text)
     except ValueError:
         value = -1
-    if value < BATCH * 5 * AROUND or not value.is_integer():
+    least = 2 * (WARM + 2 * AROUND) * BATCH
+    if value < least or not value.is_integer():
         raise argparse.ArgumentTypeError(
             'sizes are whole numbers of at least {} (e.g. 1e6,1e7), got '
-            '{!r}'.format(BATCH * 5 * AROUND, text))
+            '{!r}'.format(least, text))
     return int(value)
 
 

@@ -146,16 +146,23 @@ def adopt(start, length, fd, offset):
         _raise('mmap')
 
 
-def give_back(start, fd=-1, offset=0):
+def give_back(start, fd=-1, offset=0, owner=None):
     """Make the pages moved at ``start`` private anonymous memory again,
     with their values, a step at a time; with ``fd``, the file's pages
     they were (from ``offset``) are freed as they go (no process may map
-    them any more).  Nothing when they are back already."""
+    them any more).  Nothing when they are back already.  When that fails
+    (no memory for the copy) what is left stays registered (the next fork
+    tries again) and ``owner``, the array, is kept alive for good: its
+    allocator must never reuse shared pages for other objects."""
     with _lock:
-        _give_back(start, fd, offset)
+        _give_back(start, fd, offset, owner)
 
 
-def _give_back(start, fd=-1, offset=0):
+# Arrays whose pages could not be given back: never freed.
+_stuck = []
+
+
+def _give_back(start, fd=-1, offset=0, owner=None):
     # give_back, under _lock.
     length = _moved.pop(start, 0)
     done = 0
@@ -167,9 +174,11 @@ def _give_back(start, fd=-1, offset=0):
                 _libc.fallocate(fd, _FALLOC_PUNCH_HOLE, offset + done, step)
             done += step
     except OSError:
-        # Left in the file (which stays while mapped): still right, only
-        # not private.
-        pass
+        # Left in the file (which stays while mapped): the values are
+        # right, only the pages are not private.
+        _moved[start + done] = length - done
+        if owner is not None:
+            _stuck.append(owner)
 
 
 def restore_all():

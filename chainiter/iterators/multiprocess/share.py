@@ -80,6 +80,12 @@ from chainiter.iterators.multiprocess.shm import _SHM_DIR, SharedBuffer
 #: Arrays of at least this many bytes travel as shared memory.
 SHARE_MIN_BYTES = 2 ** 20
 
+#: Whether the main process's arrays move into the block, in place
+#: (remap.py).  Set it False when other threads write into the dataset's
+#: arrays while an iterator starts workers or closes: a write that lands
+#: while an array moves may be lost.
+MOVE_ARRAYS = True
+
 try:
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:         # numpy < 2.0
@@ -361,7 +367,7 @@ class ArrayShare:
         self._by_value = False  # whether it took cloudpickle's pickler
         self._released = False
         self._lent = {}         # id(mapping) -> (key, _Lent): kept alive
-        self._moved = []        # (block, start, offset): remap.copy_in's
+        self._moved = []        # (block, start, offset, array): moved
 
     def lend(self, mapping, fd, size):
         """The key of ``shared_empty``'s ``mapping`` among the blocks; the
@@ -406,7 +412,8 @@ class ArrayShare:
         return shared
 
     def _copy(self, array, shared, where):
-        found = remap.movable(array) if shared.directory == _SHM_DIR else None
+        found = remap.movable(array) if MOVE_ARRAYS and \
+            shared.directory == _SHM_DIR else None
         if found is None or where.offset % remap.PAGE != \
                 found[0] % remap.PAGE:
             view(shared.buffer, where)[...] = array
@@ -414,18 +421,20 @@ class ArrayShare:
         address, nbytes = found
         start, _ = remap.pages(address, nbytes)
         # Recorded first: whatever moves is given back at release.
-        self._moved.append((shared, start, where.offset + start - address))
+        self._moved.append((shared, start, where.offset + start - address,
+                            array))
         remap.copy_in(address, nbytes, shared.region()[0] + where.offset,
                       shared.fd, where.offset)
 
     def _give_back(self, block=None):
         """The moved pages (of ``block``, or all) private again."""
         keep = []
-        for shared, start, offset in self._moved:
+        for moved in self._moved:
+            shared, start, offset, array = moved
             if block is None or shared is block:
-                remap.give_back(start, shared.fd, offset)
+                remap.give_back(start, shared.fd, offset, array)
             else:
-                keep.append((shared, start, offset))
+                keep.append(moved)
         self._moved = keep
 
     def release(self):
