@@ -19,6 +19,7 @@ import ctypes
 import errno
 import mmap
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -29,6 +30,10 @@ import numpy
 from chainiter.errors import SharedMemoryWarning
 
 _SHM_DIR = '/dev/shm'
+
+# mmap's flag that maps every page at once (Linux; Python 3.10 names it).
+_MAP_POPULATE = getattr(mmap, 'MAP_POPULATE',
+                        0x8000 if sys.platform.startswith('linux') else 0)
 
 
 def _free_bytes(directory):
@@ -77,17 +82,23 @@ class SharedBuffer:
     ``SharedBuffer.allocate(size)``; a worker that receives the descriptor
     maps the same memory with ``SharedBuffer(size, fd)``, or with
     ``readonly=True`` only for reading (numpy arrays that view it are then
-    not writeable, and the kernel refuses writes too).
+    not writeable, and the kernel refuses writes too); ``populate=True``
+    maps all its pages at once (where the OS can), not at first touch.
     """
 
-    def __init__(self, size, fd, readonly=False):
+    def __init__(self, size, fd, readonly=False, populate=False):
         self.size = size
         self.fd = fd
         self.directory = None       # where allocate() put the file
         self.buffer = None
         if size:
-            self.buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ) \
-                if readonly else mmap.mmap(fd, size)
+            if readonly:
+                self.buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            elif populate and _MAP_POPULATE:
+                self.buffer = mmap.mmap(fd, size,
+                                        mmap.MAP_SHARED | _MAP_POPULATE)
+            else:
+                self.buffer = mmap.mmap(fd, size)
         self._on_release = []           # None once released
         self._release_lock = threading.Lock()
         if self.buffer is not None:
