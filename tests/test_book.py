@@ -172,3 +172,74 @@ def test_a_seeded_task_travels_as_its_orders_keys_not_its_indices():
         task = decode_task(pickle.loads(message))
         assert task.indices == step.indices.tolist()
         assert task.spans == step.spans
+
+
+# ---- how many workers take tasks --------------------------------------------
+
+def run_window(active, waited_every=None, load_per_batch=0.0,
+               period=0.001, now=0.0, load=0.0):
+    """One window of ADAPT_BATCHES batches handed out every ``period``
+    seconds, each costing the workers ``load_per_batch`` seconds; every
+    ``waited_every``-th found no batch ready.  Returns (count, now, load)."""
+    from chainiter.iterators.multiprocess.book import ADAPT_BATCHES
+    count = None
+    for i in range(ADAPT_BATCHES):
+        now += period
+        load += load_per_batch
+        waited = waited_every is not None and i % waited_every == 0
+        count = active.batch(waited, now, load)
+    return count, now, load
+
+
+def test_all_workers_take_tasks_until_a_window_is_measured():
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16)
+    assert active.batch(False, 0.0, 0.0) == 16
+    assert active.batch(False, 0.001, 0.0) == 16
+
+
+def test_a_slow_consumer_keeps_as_many_workers_as_the_loading_needs():
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16)
+    active.batch(False, 0.0, 0.0)
+    # Each batch loads in 0.3 ms and is taken every 1 ms: 0.3 workers
+    # busy on average; 1.5 times that plus one, at least two.
+    count, now, load = run_window(active, load_per_batch=0.0003)
+    assert count == 2
+    # 4 ms of loading a batch each 1 ms: 4 busy, 7 take tasks.
+    count, _, _ = run_window(active, load_per_batch=0.004, now=now,
+                             load=load)
+    assert count == 7
+
+
+def test_waiting_for_batches_doubles_the_workers_up_to_all():
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16)
+    active.batch(False, 0.0, 0.0)
+    count, now, load = run_window(active, load_per_batch=0.0003)
+    assert count == 2
+    counts = []
+    for _ in range(4):
+        count, now, load = run_window(active, waited_every=4,
+                                      load_per_batch=0.0003, now=now,
+                                      load=load)
+        counts.append(count)
+    assert counts == [4, 8, 16, 16]
+
+
+def test_a_single_worker_stays():
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(1)
+    active.batch(False, 0.0, 0.0)
+    assert run_window(active)[0] == 1
+
+
+def test_tasks_go_to_the_first_active_workers_only():
+    book = book_with_workers(n_workers=4, n_prefetch=8)
+    book.active = 2
+    keys = [open_and_assign(book, 4 * i, 4)[1][0][0] for i in range(6)]
+    assert set(keys) == {0, 1}
+    book.retire(0)                 # the next accepting worker steps in
+    keys = [open_and_assign(book, 100 + 4 * i, 4)[1][0][0]
+            for i in range(4)]
+    assert set(keys) == {1, 2}

@@ -11,6 +11,7 @@ loaded, an exception in ``next()``) drops the batches in flight, and
 results of older generations are ignored.
 """
 
+import math
 import pickle
 import traceback
 
@@ -55,6 +56,52 @@ class Exit:
         self.unexpected = unexpected
 
 
+#: How many batches ``ActiveWorkers`` looks at before it decides again.
+ADAPT_BATCHES = 64
+
+
+class ActiveWorkers:
+    """How many of the ``n`` workers take tasks: all of them at first,
+    twice as many (up to all) after ``next()`` waited for batches; else,
+    when the consumer is slower than
+    the loading, those that the loading keeps busy and a margin (1.5 times
+    the workers busy on average, plus one, at least two).  Idle workers
+    beyond that only cost: each task would wake a process that has slept
+    long, and on few cores that process takes the core from the consumer
+    (16 workers on 2 cores loaded tiny examples at 0.6 the speed of 2).
+
+    Pure: ``batch`` is told the time and the workers' loading seconds.
+    """
+
+    def __init__(self, n):
+        self.n = n
+        self.count = n
+        self._start = None          # (time, loading seconds) of the window
+        self._batches = 0
+        self._waited = 0
+
+    def batch(self, waited, now, load_s):
+        """A batch was handed out (``waited``: ``next()`` found none
+        ready) at ``now``, the workers having loaded ``load_s`` seconds in
+        all; returns how many workers take tasks from now on."""
+        if self._start is None:
+            self._start = (now, load_s)
+            return self.count
+        self._batches += 1
+        self._waited += bool(waited)
+        if self._batches >= ADAPT_BATCHES:
+            span = now - self._start[0]
+            if self._waited * 20 > self._batches or span <= 0:
+                self.count = min(self.n, 2 * self.count)
+            else:
+                busy = (load_s - self._start[1]) / span
+                wanted = math.ceil(busy * 1.5 - 1e-9) + 1
+                self.count = max(min(2, self.n), min(self.n, wanted))
+            self._start = (now, load_s)
+            self._batches = self._waited = 0
+        return self.count
+
+
 class Book:
 
     def __init__(self, n_workers, n_prefetch, max_tasks):
@@ -71,6 +118,7 @@ class Book:
         self._busy = {}            # buffer id -> {slot: tasks held for it}
         self._reorderer = Reorderer()
         self.load_s = 0.0          # the workers' seconds loading, in all
+        self.active = n_workers    # how many take tasks (ActiveWorkers)
 
     # ---- workers -------------------------------------------------------
 
@@ -138,6 +186,8 @@ class Book:
         if not keys:
             self.unassigned.append(task)
             return None
+        if len(keys) > self.active:
+            keys = keys[:self.active]
         key = min(keys, key=lambda k: len(self._held[k].tasks))
         held = self._held[key]
         self._hold(held, task)

@@ -12,6 +12,7 @@ the main thread never cuts a start short.
 
 import os
 import queue
+import time
 import threading
 import warnings
 
@@ -23,7 +24,7 @@ from chainiter.errors import (
     WorkerRestartWarning,
 )
 from chainiter.iterators.multiprocess import forks, receiver, share
-from chainiter.iterators.multiprocess.book import Book
+from chainiter.iterators.multiprocess.book import ActiveWorkers, Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
@@ -71,6 +72,7 @@ class Pool:
             self.launcher = ProcessLauncher(ctx, (
                 share.Shipped((dataset, worker_init_fn), self.shared_arrays),
                 seed, n_workers, None, max_tasks))
+        self.active_workers = ActiveWorkers(n_workers)
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:
@@ -186,6 +188,7 @@ class Pool:
         """The finished ``Batch`` of ``handle``; warns every ``timeout``
         seconds while waiting."""
         generation, seq = handle
+        waited = self.ready.empty()
         while True:
             self.raise_events()
             try:
@@ -216,6 +219,8 @@ class Pool:
                 raise batch
             if batch.generation == generation and batch.seq == seq:
                 self.raise_events()
+                self.book.active = self.active_workers.batch(
+                    waited, time.perf_counter(), self.book.load_s)
                 return batch
 
     def raise_events(self):
