@@ -177,52 +177,56 @@ def test_a_seeded_task_travels_as_its_orders_keys_not_its_indices():
 # ---- how many workers take tasks --------------------------------------------
 
 def run_window(active, waited_every=None, load_per_batch=0.0,
-               period=0.001, now=0.0, load=0.0):
-    """One window of ADAPT_BATCHES batches handed out every ``period``
-    seconds, each costing the workers ``load_per_batch`` seconds; every
-    ``waited_every``-th found no batch ready.  Returns (count, now, load)."""
+               period=0.001, now=0.0, load=0.0, loaded=0, size=32):
+    """One window of ADAPT_BATCHES batches of ``size`` examples handed out
+    every ``period`` seconds, each costing the workers ``load_per_batch``
+    seconds (its results arriving as it is handed out, unless
+    ``load_per_batch`` is 0: none arrive); every ``waited_every``-th found
+    no batch ready.  Returns (count, now, load, loaded)."""
     from chainiter.iterators.multiprocess.book import ADAPT_BATCHES
     count = None
     for i in range(ADAPT_BATCHES):
         now += period
-        load += load_per_batch
+        if load_per_batch:
+            load += load_per_batch
+            loaded += size
         waited = waited_every is not None and i % waited_every == 0
-        count = active.batch(waited, now, load)
-    return count, now, load
+        count = active.batch(waited, now, load, loaded, size)
+    return count, now, load, loaded
 
 
 def test_all_workers_take_tasks_until_a_window_is_measured():
     from chainiter.iterators.multiprocess.book import ActiveWorkers
     active = ActiveWorkers(16)
-    assert active.batch(False, 0.0, 0.0) == 16
-    assert active.batch(False, 0.001, 0.0) == 16
+    assert active.batch(False, 0.0, 0.0, 0, 32) == 16
+    assert active.batch(False, 0.001, 0.0, 0, 32) == 16
 
 
 def test_a_slow_consumer_keeps_as_many_workers_as_the_loading_needs():
     from chainiter.iterators.multiprocess.book import ActiveWorkers
     active = ActiveWorkers(16)
-    active.batch(False, 0.0, 0.0)
+    active.batch(False, 0.0, 0.0, 0, 32)
     # Each batch loads in 0.3 ms and is taken every 1 ms: 0.3 workers
     # busy on average; 1.5 times that plus one, at least two.
-    count, now, load = run_window(active, load_per_batch=0.0003)
+    count, now, load, loaded = run_window(active, load_per_batch=0.0003)
     assert count == 2
     # 4 ms of loading a batch each 1 ms: 4 busy, 7 take tasks.
-    count, _, _ = run_window(active, load_per_batch=0.004, now=now,
-                             load=load)
+    count, _, _, _ = run_window(active, load_per_batch=0.004, now=now,
+                                load=load, loaded=loaded)
     assert count == 7
 
 
 def test_waiting_for_batches_doubles_the_workers_up_to_all():
     from chainiter.iterators.multiprocess.book import ActiveWorkers
     active = ActiveWorkers(16)
-    active.batch(False, 0.0, 0.0)
-    count, now, load = run_window(active, load_per_batch=0.0003)
+    active.batch(False, 0.0, 0.0, 0, 32)
+    count, now, load, loaded = run_window(active, load_per_batch=0.0003)
     assert count == 2
     counts = []
     for _ in range(4):
-        count, now, load = run_window(active, waited_every=4,
-                                      load_per_batch=0.0003, now=now,
-                                      load=load)
+        count, now, load, loaded = run_window(
+            active, waited_every=4, load_per_batch=0.0003, now=now,
+            load=load, loaded=loaded)
         counts.append(count)
     assert counts == [4, 8, 16, 16]
 
@@ -230,7 +234,7 @@ def test_waiting_for_batches_doubles_the_workers_up_to_all():
 def test_a_single_worker_stays():
     from chainiter.iterators.multiprocess.book import ActiveWorkers
     active = ActiveWorkers(1)
-    active.batch(False, 0.0, 0.0)
+    active.batch(False, 0.0, 0.0, 0, 32)
     assert run_window(active)[0] == 1
 
 
@@ -243,3 +247,22 @@ def test_tasks_go_to_the_first_active_workers_only():
     keys = [open_and_assign(book, 100 + 4 * i, 4)[1][0][0]
             for i in range(4)]
     assert set(keys) == {1, 2}
+
+
+def test_a_window_that_drains_loaded_batches_keeps_every_worker():
+    # Batches loaded before the window began (the consumer paused, or the
+    # reorderer held them behind a late one) are handed out in a burst:
+    # found ready, yet the consumer is the faster side.  Their loading
+    # seconds arrived in earlier windows; this window's few results say
+    # nothing about how many workers the consumer needs.
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16)
+    active.batch(False, 0.0, 0.0, 0, 32)
+    # Loader-bound: 16 workers, 160 ms a batch of 32, one batch each 10 ms.
+    count, now, load, loaded = run_window(active, waited_every=1,
+                                          load_per_batch=0.16, period=0.01)
+    assert count == 16
+    # 64 ready batches taken in 6 ms, no result arriving meanwhile.
+    count, _, _, _ = run_window(active, period=0.0001, now=now, load=load,
+                                loaded=loaded)
+    assert count == 16

@@ -70,35 +70,51 @@ class ActiveWorkers:
     long, and on few cores that process takes the core from the consumer
     (16 workers on 2 cores loaded tiny examples at 0.6 the speed of 2).
 
-    Pure: ``batch`` is told the time and the workers' loading seconds.
+    The workers busy are the seconds an example takes to load times the
+    examples handed out per second, not the loading seconds that arrived
+    in the window: a window may hand out batches loaded before it began
+    (after a pause of the consumer, or held in order behind a late one),
+    quickly, and then few results arrive in it although the consumer is
+    the faster side.
+
+    Pure: ``batch`` is told the time and the workers' loading seconds and
+    examples.
     """
 
     def __init__(self, n):
         self.n = n
         self.count = n
-        self._start = None          # (time, loading seconds) of the window
+        self._start = None      # (time, loading seconds, examples loaded)
         self._batches = 0
         self._waited = 0
+        self._handed = 0        # examples handed out in the window
 
-    def batch(self, waited, now, load_s):
-        """A batch was handed out (``waited``: ``next()`` found none
-        ready) at ``now``, the workers having loaded ``load_s`` seconds in
-        all; returns how many workers take tasks from now on."""
+    def batch(self, waited, now, load_s, loaded, size):
+        """A batch of ``size`` examples was handed out (``waited``:
+        ``next()`` found none ready) at ``now``, the workers having loaded
+        ``loaded`` examples in ``load_s`` seconds in all; returns how many
+        workers take tasks from now on."""
         if self._start is None:
-            self._start = (now, load_s)
+            self._start = (now, load_s, loaded)
             return self.count
         self._batches += 1
         self._waited += bool(waited)
+        self._handed += size
         if self._batches >= ADAPT_BATCHES:
-            span = now - self._start[0]
+            start_t, start_load, start_loaded = self._start
+            span = now - start_t
+            if loaded > start_loaded:       # what an example costs now
+                per_example = (load_s - start_load) / (loaded - start_loaded)
+            else:
+                per_example = load_s / loaded if loaded else 0.0
             if self._waited * 20 > self._batches or span <= 0:
                 self.count = min(self.n, 2 * self.count)
             else:
-                busy = (load_s - self._start[1]) / span
+                busy = per_example * self._handed / span
                 wanted = math.ceil(busy * 1.5 - 1e-9) + 1
                 self.count = max(min(2, self.n), min(self.n, wanted))
-            self._start = (now, load_s)
-            self._batches = self._waited = 0
+            self._start = (now, load_s, loaded)
+            self._batches = self._waited = self._handed = 0
         return self.count
 
 
@@ -118,6 +134,7 @@ class Book:
         self._busy = {}            # buffer id -> {slot: tasks held for it}
         self._reorderer = Reorderer()
         self.load_s = 0.0          # the workers' seconds loading, in all
+        self.loaded = 0            # the examples loaded in those seconds
         self.active = n_workers    # how many take tasks (ActiveWorkers)
 
     # ---- workers -------------------------------------------------------
@@ -214,6 +231,7 @@ class Book:
             metas, error = loaded[0], loaded[1]
             if len(loaded) > 2:     # how long the worker took
                 self.load_s += loaded[2]
+                self.loaded += len(task.step)
         except Exception as e:
             metas, error = [], RemoteError(
                 None, type(e).__qualname__,

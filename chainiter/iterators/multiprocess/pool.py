@@ -220,7 +220,8 @@ class Pool:
             if batch.generation == generation and batch.seq == seq:
                 self.raise_events()
                 self.book.active = self.active_workers.batch(
-                    waited, time.perf_counter(), self.book.load_s)
+                    waited, time.perf_counter(), self.book.load_s,
+                    self.book.loaded, len(batch.step))
                 return batch
 
     def raise_events(self):
