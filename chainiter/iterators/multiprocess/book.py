@@ -63,9 +63,9 @@ ADAPT_BATCHES = 64
 class ActiveWorkers:
     """How many of the ``n`` workers take tasks: all of them at first,
     twice as many (up to all) after ``next()`` waited for batches; else,
-    when the consumer is slower than
-    the loading, those that the loading keeps busy and a margin (1.5 times
-    the workers busy on average, plus one, at least two).  Idle workers
+    when the consumer is slower than the loading, those that the loading
+    keeps busy and a margin (1.5 times the workers busy on average, plus
+    one, at least two), falling by half a window at most.  Idle workers
     beyond that only cost: each task would wake a process that has slept
     long, and on few cores that process takes the core from the consumer
     (16 workers on 2 cores loaded tiny examples at 0.6 the speed of 2).
@@ -112,7 +112,10 @@ class ActiveWorkers:
             else:
                 busy = per_example * self._handed / span
                 wanted = math.ceil(busy * 1.5 - 1e-9) + 1
-                self.count = max(min(2, self.n), min(self.n, wanted))
+                # At most halved a window: one window of low demand (a
+                # pause of the consumer within it) costs little.
+                self.count = max(min(2, self.n), min(self.n, wanted),
+                                 self.count // 2)
             self._start = (now, load_s, loaded)
             self._batches = self._waited = self._handed = 0
         return self.count
