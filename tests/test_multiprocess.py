@@ -944,7 +944,7 @@ def test_one_epoch_views_and_resume_inside_them(method):
 MP_STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
                 'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
                 'timed_batches', 'ready', 'by_copy', 'prefetch',
-                'worker_busy'}
+                'worker_busy', 'workers_active'}
 
 
 def test_stats_of_an_input_bound_loop(method):
@@ -959,6 +959,7 @@ def test_stats_of_an_input_bound_loop(method):
     assert (stats['batches'], stats['examples']) == (8, 16)
     assert stats['timed_batches'] == 7 and stats['prefetch'] == 1
     assert 0 < stats['worker_busy'] <= 1
+    assert stats['workers_active'] == 1
     assert stats['wait_fraction'] > 0.5
     assert verdict.startswith('input-bound: next() waited'), verdict
 

@@ -224,6 +224,9 @@ class MultiprocessIterator(DatasetIterator):
         stats['by_copy'] = self._by_copy
         stats['prefetch'] = self._prefetch_depth
         stats['worker_busy'] = self._worker_busy()
+        pool = self._pool
+        stats['workers_active'] = self.n_processes if pool is None else \
+            min(pool.book.active, self.n_processes)
         return stats
 
     def reset_stats(self):
