@@ -39,12 +39,14 @@ def test_bench_user_dataset():
                                                       'serial']
 
 
+def run(rate):
+    """One measurement of ``rate`` examples/s, as the runner records it."""
+    return [{'examples_per_s': rate, 'first_batch_s': 0.1,
+             'peak_pss_bytes': 2 ** 20}]
+
+
 def test_table_compares_like_with_like():
     from chainiter.bench.__main__ import format_table
-
-    def run(rate):
-        return [{'examples_per_s': rate, 'first_batch_s': 0.1,
-                 'peak_pss_bytes': 2 ** 20}]
     results = {('tiny', 2, 'chainiter'): run(800.0),
                ('tiny', 2, 'chainiter:16'): run(1200.0),
                ('tiny', 2, 'torch'): run(100.0),
@@ -190,10 +192,6 @@ def test_compare_takes_a_list_or_repeats():
 
 def test_table_compares_with_each_peer_that_ran():
     from chainiter.bench.__main__ import format_table
-
-    def run(rate):
-        return [{'examples_per_s': rate, 'first_batch_s': 0.1,
-                 'peak_pss_bytes': 2 ** 20}]
     results = {('tiny', 2, 'chainiter'): run(800.0),
                ('tiny', 2, 'chainiter:16'): run(1200.0),
                ('tiny', 2, 'torch'): run(100.0),

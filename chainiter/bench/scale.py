@@ -9,8 +9,9 @@ repeats), it prints:
 - boundary: the slowest ``next()`` of the 8 batches on each side of an
   epoch boundary, against the median ``next()`` there, with a 2 ms training
   step between batches (chainiter jumps to 32 batches before the end
-  with a snapshot and takes 24 untimed, while its pipeline refills; DataLoader starts its next epoch
-  with ``iter()``, as its epoch loop does);
+  with a snapshot and takes 24 untimed, while its pipeline refills;
+  DataLoader starts its next epoch with ``iter()``, as its epoch loop
+  does);
 - mid-epoch: the same figure for 16 batches away from the boundary, the
   control: on a shared or virtual machine a ``next()`` of 0.1 ms varies
   by 2x or more anyway (a Python loop of the same length does too), and
@@ -82,11 +83,6 @@ def _timed_nexts(it, count):
     return times
 
 
-def _boundary(times_before, times_after):
-    median = statistics.median(times_before + times_after)
-    return max(times_before + times_after), median
-
-
 def _slowest(out, name, times):
     """The slowest of ``times`` in ``out`` as ``name_max_s`` and against
     their median as ``name_ratio``."""
@@ -118,7 +114,7 @@ def measure_chainiter(n):
         before = _timed_nexts(it, AROUND)
         after = _timed_nexts(it, AROUND)
         assert it.epoch == 1
-        out['boundary_max_s'], out['next_median_s'] = _boundary(before, after)
+        out['next_median_s'] = statistics.median(before + after)
         _slowest(out, 'boundary', before + after)
         out['extra_rss'] = _rss_bytes() - rss
         out['tree_pss'] = _tree_pss()
@@ -163,7 +159,7 @@ def measure_torch(n, stateful=False):
     it = iter(loader)
     next(it)
     after = [time.perf_counter() - t] + _timed_nexts(it, AROUND - 1)
-    out['boundary_max_s'], out['next_median_s'] = _boundary(before, after)
+    out['next_median_s'] = statistics.median(before + after)
     _slowest(out, 'boundary', before + after)
     out['extra_rss'] = _rss_bytes() - rss
     out['tree_pss'] = _tree_pss()

@@ -139,6 +139,7 @@ class Book:
         self.load_s = 0.0          # the workers' seconds loading, in all
         self.loaded = 0            # the examples loaded in those seconds
         self.active = n_workers    # how many take tasks (ActiveWorkers)
+        self._active_workers = ActiveWorkers(n_workers)
 
     # ---- workers -------------------------------------------------------
 
@@ -213,6 +214,12 @@ class Book:
         self._hold(held, task)
         held.sent += 1
         return key
+
+    def handed_out(self, waited, now, size):
+        """A batch of ``size`` examples was handed out at ``now``
+        (``waited``: ``next()`` found none ready): ``active`` follows."""
+        self.active = self._active_workers.batch(waited, now, self.load_s,
+                                                 self.loaded, size)
 
     def take_unassigned(self):
         tasks, self.unassigned = self.unassigned, []

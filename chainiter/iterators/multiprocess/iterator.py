@@ -226,7 +226,7 @@ class MultiprocessIterator(DatasetIterator):
         stats['worker_busy'] = self._worker_busy()
         pool = self._pool
         stats['workers_active'] = self.n_processes if pool is None else \
-            min(pool.book.active, self.n_processes)
+            pool.book.active
         return stats
 
     def reset_stats(self):

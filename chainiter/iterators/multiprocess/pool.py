@@ -24,7 +24,7 @@ from chainiter.errors import (
     WorkerRestartWarning,
 )
 from chainiter.iterators.multiprocess import forks, receiver, share
-from chainiter.iterators.multiprocess.book import ActiveWorkers, Book
+from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
@@ -72,7 +72,6 @@ class Pool:
             self.launcher = ProcessLauncher(ctx, (
                 share.Shipped((dataset, worker_init_fn), self.shared_arrays),
                 seed, n_workers, None, max_tasks))
-        self.active_workers = ActiveWorkers(n_workers)
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:
@@ -219,9 +218,8 @@ class Pool:
                 raise batch
             if batch.generation == generation and batch.seq == seq:
                 self.raise_events()
-                self.book.active = self.active_workers.batch(
-                    waited, time.perf_counter(), self.book.load_s,
-                    self.book.loaded, len(batch.step))
+                self.book.handed_out(waited, time.perf_counter(),
+                                     len(batch.step))
                 return batch
 
     def raise_events(self):

@@ -181,13 +181,6 @@ def _give_back(start, fd=-1, offset=0, owner=None):
             _stuck.append(owner)
 
 
-def restore_all():
-    """Give every moved region back."""
-    with _lock:
-        for start in list(_moved):
-            _give_back(start)
-
-
 # Whether _before_fork holds _lock (for the fork's after hooks to release).
 _held_for_fork = False
 

@@ -412,10 +412,10 @@ class ArrayShare:
         return shared
 
     def _copy(self, array, shared, where):
+        # place() put it at its address modulo the page size: it can move.
         found = remap.movable(array) if MOVE_ARRAYS and \
             shared.directory == _SHM_DIR else None
-        if found is None or where.offset % remap.PAGE != \
-                found[0] % remap.PAGE:
+        if found is None:
             view(shared.buffer, where)[...] = array
             return
         address, nbytes = found
