@@ -944,7 +944,7 @@ def test_one_epoch_views_and_resume_inside_them(method):
 MP_STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
                 'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
                 'timed_batches', 'ready', 'by_copy', 'prefetch',
-                'worker_busy', 'workers_active'}
+                'worker_busy', 'workers_active', 'batches_per_task'}
 
 
 def test_stats_of_an_input_bound_loop(method):

@@ -5,6 +5,7 @@ import pytest
 
 from chainiter.iterators._state import (
     IteratorState,
+    Step,
     advance,
     cut_spans,
     epoch_detail,
@@ -158,3 +159,30 @@ def test_a_cut_step_is_the_rows_of_the_step(start, stop):
     assert lazy.indices.tolist() == rows.tolist()
     assert lazy.spans == cut_spans(step.spans, start, stop)
     assert step.cut(start, stop).indices.tolist() == rows.tolist()
+
+
+@pytest.mark.parametrize('n,batch_size,count', [(11, 3, 9), (5, 9, 4),
+                                                (70000, 4096, 20)])
+def test_joined_steps_are_their_rows_one_after_another(n, batch_size, count):
+    steps = _seeded_steps(n, batch_size, count, start=n - 2)
+    joined = Step.join(steps)
+    assert joined.indices.tolist() == numpy.concatenate(
+        [step.indices for step in steps]).tolist()
+    assert joined.epochs.tolist() == numpy.concatenate(
+        [step.epochs for step in steps]).tolist()
+    assert joined.positions.tolist() == numpy.concatenate(
+        [step.positions for step in steps]).tolist()
+    # Spans that continue each other become one: one per epoch here.
+    assert [e for e, _, _ in joined.spans] == sorted(
+        {e for step in steps for e, _, _ in step.spans})
+
+
+def test_joined_steps_of_indices_keep_their_indices_and_positions():
+    steps = [Step(numpy.array([5, 1]), [(0, 0, 2)]),
+             Step(numpy.array([7]), [(0, 2, 3)]),
+             Step(numpy.array([2, 2]), [(1, 0, 2)])]
+    joined = Step.join(steps)
+    assert joined.orders is None
+    assert joined.indices.tolist() == [5, 1, 7, 2, 2]
+    assert joined.spans == ((0, 0, 3), (1, 0, 2))
+    assert Step.join(steps[:1]) is steps[0]

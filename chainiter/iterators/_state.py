@@ -92,6 +92,26 @@ class Step:
             self._indices[start:stop]
         return Step(indices, spans, orders)
 
+    @staticmethod
+    def join(steps):
+        """One step of the rows of ``steps``, one after another (spans
+        that continue each other in the same order become one)."""
+        if len(steps) == 1:
+            return steps[0]
+        if any(step.orders is None for step in steps):
+            return Step(numpy.concatenate([step.indices for step in steps]),
+                        _merged(step.spans for step in steps))
+        spans, orders = [], []
+        for step in steps:
+            for span, order in zip(step.spans, step.orders):
+                if spans and orders[-1] is order and \
+                        spans[-1][0] == span[0] and spans[-1][2] == span[1]:
+                    spans[-1] = (span[0], spans[-1][1], span[2])
+                else:
+                    spans.append(span)
+                    orders.append(order)
+        return Step(None, spans, orders)
+
     @property
     def epochs(self):
         return numpy.concatenate(
@@ -101,6 +121,16 @@ class Step:
     def positions(self):
         return numpy.concatenate(
             [numpy.arange(a, b, dtype=numpy.int64) for _, a, b in self.spans])
+
+
+def _merged(span_lists):
+    spans = []
+    for span in (span for spans_ in span_lists for span in spans_):
+        if spans and spans[-1][0] == span[0] and spans[-1][2] == span[1]:
+            spans[-1] = (span[0], spans[-1][1], span[2])
+        else:
+            spans.append(span)
+    return spans
 
 
 def cut_spans(spans, start, stop):

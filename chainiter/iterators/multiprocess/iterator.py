@@ -9,6 +9,7 @@ import functools
 import multiprocessing
 import os
 import time
+import typing
 import warnings
 import weakref
 
@@ -16,11 +17,12 @@ import numpy
 
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
-    ChainiterError, SharedMemoryWarning, TimeoutWarning)
+    ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
 from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
-    by_value, converted, list_layout, read, remote, share)
+    by_value, converted, list_layout, read, remote, share, stacked_layout)
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import (
@@ -63,6 +65,36 @@ def _check_picklable(obj, what, method):
             'level (not inside a function), or use '
             'start_method="fork"'.format(method, what, type(e).__name__, e)
         ) from e
+
+
+class _Group:
+    """Batches loaded as one: their steps, and once it has arrived, the
+    rows (``stacked``) or examples of all of them, cut at ``bounds``."""
+    __slots__ = ('steps', 'seed', 'handle', 'bounds', 'stacked', 'examples',
+                 'by_copy')
+
+    def __init__(self, seed):
+        self.steps = []
+        self.seed = seed
+        self.handle = None      # the pool's, once sent
+        self.bounds = None      # once arrived
+        self.stacked = self.examples = None
+        self.by_copy = False
+
+
+class _Member(typing.NamedTuple):
+    """The handle of a batch in a group."""
+    group: _Group
+    index: int
+
+
+def _rows(stacked, a, b):
+    """Rows ``a...b - 1`` of a stacked batch."""
+    if type(stacked) is tuple:
+        return tuple(array[a:b] for array in stacked)
+    if type(stacked) is dict:
+        return {key: array[a:b] for key, array in stacked.items()}
+    return stacked[a:b]
 
 
 class MultiprocessIterator(DatasetIterator):
@@ -129,7 +161,12 @@ class MultiprocessIterator(DatasetIterator):
     or a device prefetcher; the first batch, which sizes the buffers; a
     batch with examples larger than any before, which grows them; a batch
     whose examples differ among themselves);
-    ``prefetch``, the depth in use; ``ready``, batches loaded and waiting
+    ``prefetch``, the depth in use; ``batches_per_task``, how many
+    batches a worker loads as one (small batches of equal structure,
+    stacked by ``concat_examples``, go in groups that take a worker about
+    ``GROUP_S`` seconds, chosen once after ``GROUP_AFTER`` batches, and
+    from then on one by one again once a group fails or its batches differ
+    in shape or dtype); ``ready``, batches loaded and waiting
     in order; ``worker_busy``, the fraction of the workers' time spent
     loading (``dataset[i]`` and writing to shared memory, as the workers
     time each chunk) since the timed window began (None before).
@@ -137,6 +174,11 @@ class MultiprocessIterator(DatasetIterator):
 
     PREFETCH_BYTES = 256 * 2 ** 20
     MAX_PREFETCH_PER_WORKER = 16
+    # Small batches go to the workers in groups that load in about this
+    # long, of at most MAX_GROUP batches (``_choose_group``).
+    GROUP_S = 2e-3
+    MAX_GROUP = 32
+    GROUP_AFTER = 32       # batches measured first
 
     TimeoutWarning = TimeoutWarning
 
@@ -189,6 +231,13 @@ class MultiprocessIterator(DatasetIterator):
         self._in_workers = converter_in_workers and not self._stacked
         self._warned_size = False
         self._warned_mismatch = False
+        # Batches may go to the workers in groups (``_choose_group``) only
+        # where that changes nothing the user sees: padding pads a batch
+        # to its own largest example; an explicit n_prefetch counts
+        # batches, maxtasksperchild tasks.
+        self._may_group = self._stacked and self._padding is None and \
+            n_prefetch is None and maxtasksperchild is None and \
+            shared_mem is None
 
         ctx = multiprocessing.get_context(start_method)
         method = ctx.get_start_method()
@@ -203,11 +252,11 @@ class MultiprocessIterator(DatasetIterator):
             self.MAX_PREFETCH_PER_WORKER * n_processes
         # Until the first batch is measured, 1: that batch is then split
         # among the workers and arrives soonest.
-        self._prefetch_depth = n_prefetch or 1
+        self._first_depth = n_prefetch or 1
         if self._in_workers:
             # At least a batch per worker in flight: then a batch is never
             # split among workers, and the converter sees all of it.
-            self._prefetch_depth = max(self._prefetch_depth, n_processes)
+            self._first_depth = max(self._first_depth, n_processes)
             self._max_depth = max(self._max_depth, n_processes)
         self._start_transport()
         self._start_pool()
@@ -223,6 +272,7 @@ class MultiprocessIterator(DatasetIterator):
         stats = super().stats
         stats['by_copy'] = self._by_copy
         stats['prefetch'] = self._prefetch_depth
+        stats['batches_per_task'] = self._group
         stats['worker_busy'] = self._worker_busy()
         pool = self._pool
         stats['workers_active'] = self.n_processes if pool is None else \
@@ -234,7 +284,8 @@ class MultiprocessIterator(DatasetIterator):
         super().reset_stats()
 
     def _ready_batches(self):
-        return 0 if self._pool is None else self._pool.ready.qsize()
+        return 0 if self._pool is None else \
+            self._pool.ready.qsize() * self._group
 
     def _stats_window_started(self):
         pool = self._pool
@@ -267,8 +318,9 @@ class MultiprocessIterator(DatasetIterator):
             # mapping's) and one in each worker, and slots leave a spare
             # (slots.py): take half of the rest, for the program's needs.
             depth = max(1, min(depth, (room - _SPARE_DESCRIPTORS) // 4 - 2))
-        if depth != self._prefetch_depth:
-            self._prefetch_depth = depth
+        if depth * self._group != self._prefetch_depth:
+            # The pool counts groups, the iterator batches.
+            self._prefetch_depth = depth * self._group
             self._pool.set_depth(depth)
 
     def _start_transport(self):
@@ -278,6 +330,11 @@ class MultiprocessIterator(DatasetIterator):
         self._pool = None
         self._finalizer = None
         self._by_copy = 0           # for stats: batches that came by copy
+        self._prefetch_depth = self._first_depth  # measured again
+        self._group = 1             # batches loaded as one
+        self._group_mark = None     # (batches measured, load_s, ...)
+        self._groupable = self._may_group
+        self._open = None           # the group being filled
         self._busy_mark = (None, 0.0)   # (id(pool), its load_s) at start
 
     def _start_pool(self):
@@ -311,7 +368,7 @@ class MultiprocessIterator(DatasetIterator):
 
     def _transport_attributes(self):
         return super()._transport_attributes() + (
-            '_pool', '_finalizer', '_busy_mark')
+            '_pool', '_finalizer', '_busy_mark', '_open')
 
     # ---- transport ----------------------------------------------------------
 
@@ -329,49 +386,171 @@ class MultiprocessIterator(DatasetIterator):
             self._start_transport()
             self._rewind()
 
-    def _submit(self, step):
-        if self._pool is None:
-            self._start_pool()
-        return self._pool.submit(step, self._pass_seed)
-
     def _drop_pending(self):
+        self._open = None
         if self._pool is not None:
             self._pool.new_generation()
         super()._drop_pending()
 
     def _collect(self, handle):
-        pool = self._pool
-        batch = pool.wait(handle, self.dataset_timeout)
+        if type(handle) is _Member:
+            return self._collect_member(handle)
+        batch, chunks, error = self._wait(handle)
+        if error is not None:
+            raise error
+        if self._in_workers:
+            return self._collect_converted(self._pool, batch, chunks)
+        stacked, examples, by_copy = self._read(batch, chunks)
+        self._by_copy += by_copy
+        if stacked is not None:
+            if self._groupable:
+                self._measure_for_group(len(batch.step))
+            return stacked
+        return self._convert(examples)
+
+    def _wait(self, handle):
+        """The finished batch of ``handle``, its chunks' results, and the
+        error a worker raised loading it (or None)."""
+        batch = self._pool.wait(handle, self.dataset_timeout)
         if batch.failure is not None:
+            if type(batch.failure) is WorkerDiedError:
+                return batch, None, batch.failure
             raise batch.failure
         results = [batch.results[i] for i in range(batch.n_chunks)]
         for result in results:
             if result.error is not None:
-                raise remote.rebuild_error(result.error)
-        chunks = [result.metas for result in results]
-        if self._in_workers:
-            return self._collect_converted(pool, batch, chunks)
+                return batch, None, remote.rebuild_error(result.error)
+        return batch, [result.metas for result in results], None
+
+    def _read(self, batch, chunks):
+        """``(stacked, examples, by_copy)``: the stacked batch read from
+        its slot, or else its examples, to convert."""
+        pool = self._pool
         exporter = pool.hand_out(batch)
         if exporter is None:     # the batch came through the socket
-            self._by_copy += 1
             examples = [meta.example for chunk in chunks for meta in chunk]
             if pool.slots.layout is None:
                 self._fit_buffers(examples, None, ())
                 layout = pool.slots.layout
                 self._tune_depth(0 if layout is None else layout.slot_bytes)
-            return self._convert(examples)
+            return None, examples, True
         layout = batch.buffers.layout
         stacked, examples, oversize = read.read_batch(
             numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks)
         if stacked is not None:
-            return stacked
-        if oversize or layout.mode == 'stacked':
-            # Some of it came through the socket, or the main process
-            # stacks it.
-            self._by_copy += 1
+            return stacked, None, False
         if oversize:
             self._fit_buffers(examples, layout, oversize)
+        # Some of it came through the socket, or the main process stacks
+        # it.
+        return None, examples, bool(oversize) or layout.mode == 'stacked'
+
+    # ---- groups: several small batches loaded as one ----------------------
+
+    def _measure_for_group(self, size):
+        """Count a batch the workers stacked; after ``GROUP_AFTER`` of
+        them (the workers past their first, slower examples), choose the
+        group."""
+        book = self._pool.book
+        if self._group_mark is None:
+            self._group_mark = (0, book.load_s, book.loaded, size)
+            return
+        count, load_s, loaded, first = self._group_mark
+        count += 1
+        self._group_mark = (count, load_s, loaded, first)
+        if count < self.GROUP_AFTER or size != first or \
+                book.loaded <= loaded:     # no result measured since
+            return
+        self._groupable = False       # chosen once
+        self._choose_group((book.load_s - load_s) /
+                           (book.loaded - loaded) * size)
+
+    def _choose_group(self, per_batch):
+        """How many batches go to the workers as one: as many as load in
+        about ``GROUP_S`` (``per_batch``: the seconds a batch takes a
+        worker), at most ``MAX_GROUP``, within the slots' share of
+        ``prefetch_bytes``.  Each batch otherwise costs the main process
+        and a worker a message, a wake-up and its bookkeeping, which
+        small batches cannot pay back."""
+        layout = self._pool.slots.layout
+        group = int(self.GROUP_S / max(per_batch, 1e-9))
+        fits = self.prefetch_bytes // (
+            (2 * self.n_processes + 2) * max(layout.slot_bytes, 1))
+        group = min(group, fits, self.MAX_GROUP)
+        if group < 2:
+            return
+        try:
+            self._pool.use_layout(stacked_layout.resized(
+                layout, group * self.batch_size))
+        except MemoryError:
+            return
+        self._pool.slots.batch_size = group * self.batch_size
+        self._group = group
+        self._tune_depth(self._pool.slots.layout.slot_bytes)
+
+    def _submit(self, step):
+        if self._pool is None:
+            self._start_pool()
+        if self._group == 1:
+            return self._pool.submit(step, self._pass_seed)
+        group = self._open
+        if group is None:
+            group = self._open = _Group(self._pass_seed)
+        member = _Member(group, len(group.steps))
+        group.steps.append(step)
+        if len(group.steps) == self._group:
+            self._send(group)
+        return member
+
+    def _send(self, group):
+        if self._open is group:
+            self._open = None
+        group.handle = self._pool.submit(Step.join(group.steps), group.seed)
+
+    def _collect_member(self, member):
+        group = member.group
+        if group.handle is None:         # not full: send what it has
+            self._send(group)
+        if group.bounds is None:
+            batch, chunks, error = self._wait(group.handle)
+            if error is not None:
+                return self._ungroup()
+            group.bounds = numpy.cumsum(
+                [0] + [len(step) for step in group.steps]).tolist()
+            group.stacked, group.examples, group.by_copy = self._read(
+                batch, chunks)
+            if group.stacked is None:
+                # Examples that differ among the batches (bucketed data,
+                # a changed dtype) do not stack as one: from now on each
+                # batch goes alone.
+                self._stop_grouping()
+        a, b = group.bounds[member.index], group.bounds[member.index + 1]
+        last = member.index + 1 == len(group.steps)
+        self._by_copy += group.by_copy
+        if group.stacked is not None:
+            batch = _rows(group.stacked, a, b)
+            if last:
+                group.stacked = None    # the slot is free once the user's
+            return batch               # arrays are gone
+        examples = group.examples[a:b]
+        if last:
+            group.examples = None
         return self._convert(examples)
+
+    def _ungroup(self):
+        """A group failed (an example raised, or killed its worker): load
+        its batches, and all that follow, one by one, so that the error
+        comes from the batch that holds the example, after the batches
+        before it."""
+        self._stop_grouping()
+        self._rewind()
+        self._dispatch_until(1)
+        return self._collect(self._pending[0][1])
+
+    def _stop_grouping(self):
+        if self._group > 1:
+            self._group = 1
+            self._prefetch_depth = self._pool.book.n_prefetch
 
     def _collect_converted(self, pool, batch, chunks):
         """The batch the converter made in a worker."""
@@ -422,8 +601,8 @@ class MultiprocessIterator(DatasetIterator):
                 'memory ({} bytes per example); it was delivered intact '
                 'through a copy and the buffers were enlarged. Pass '
                 'shared_mem={} (or more) to reserve enough from the '
-                'start'.format(need, layout.slot_bytes // self.batch_size,
-                               new.slot_bytes // self.batch_size),
+                'start'.format(need, layout.slot_bytes // slots.batch_size,
+                               new.slot_bytes // slots.batch_size),
                 SharedMemoryWarning, stacklevel=4)
         if layout is None:
             self._pool.use_layout(new)   # no room at all: a clear error

@@ -65,6 +65,16 @@ def stacked_layout(batch, batch_size, padding, capacities=None,
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
+def resized(layout, batch_size):
+    """``layout`` with rows for ``batch_size`` examples."""
+    fields = []
+    offset = 0
+    for field in layout.fields:
+        fields.append(field._replace(offset=offset))
+        offset += _align(field.row_bytes * batch_size)
+    return layout._replace(slot_bytes=offset, fields=tuple(fields))
+
+
 def mismatch(old, new):
     """How the stacked layout ``new`` (measured from a later batch) differs
     from ``old`` in what no growth of ``old`` can hold, or None.  A field

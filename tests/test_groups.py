@@ -1,0 +1,195 @@
+"""Small batches loaded in groups: a worker loads several consecutive
+batches as one task and ``next()`` hands out their rows batch by batch.
+Nothing the user sees changes: the batches, the resume, the errors, the
+arrays a user holds."""
+
+import warnings
+
+import numpy
+import pytest
+
+import chainiter
+from chainiter import MultiprocessIterator, SerialIterator, concat_examples
+from chainiter.datasets import DictDataset, TupleDataset
+
+import helpers
+from helpers import assert_resume_equivalent, fingerprint, shm_files
+
+
+@pytest.fixture(autouse=True)
+def group_early(monkeypatch):
+    """Group after two batches, whatever the batches cost, in groups of at
+    most four (so that a short run crosses many groups)."""
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 2)
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_S', 10.0)
+    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 4)
+
+
+class Rows:
+    """Example i is (float32 row, int label); per example, no batch
+    method."""
+
+    def __init__(self, n):
+        self.x = numpy.arange(n * 3, dtype=numpy.float32).reshape(n, 3)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], i % 7
+
+
+class Ragged:
+    """Example i is an int32 array of 1 + i % 5 values (to pad)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return numpy.full(1 + i % 5, i, dtype=numpy.int32)
+
+
+_X = numpy.random.default_rng(0).random((203, 4), dtype=numpy.float32)
+
+
+def _dataset(kind):
+    if kind == 'per-example':
+        return Rows(203)
+    if kind == 'tuple':
+        return TupleDataset(_X, numpy.arange(203) % 5)
+    if kind == 'dict':
+        return DictDataset(x=_X, y=numpy.arange(203))
+    return _X          # one array: examples are its rows
+
+
+def _mp(dataset, method, **kwargs):
+    kwargs.setdefault('n_processes', 2)
+    return MultiprocessIterator(dataset, 5, converter=concat_examples,
+                                start_method=method, **kwargs)
+
+
+def _expected(dataset, n, padding=None, **kwargs):
+    with SerialIterator(dataset, 5, **kwargs) as ref:
+        return [fingerprint(concat_examples(next(ref), padding=padding))
+                for _ in range(n)]
+
+
+@pytest.mark.parametrize('kind', ['per-example', 'tuple', 'dict', 'array'])
+def test_grouped_batches_are_the_serial_ones(method, kind):
+    dataset = _dataset(kind)
+    # 203 examples in batches of 5: the epochs end inside batches.
+    expected = _expected(dataset, 130, shuffle=True, seed=3)
+    with _mp(dataset, method, shuffle=True, seed=3) as it:
+        got = [fingerprint(next(it)) for _ in range(130)]
+        assert it.stats['batches_per_task'] == 4
+    assert got == expected
+
+
+def test_without_repeat_the_last_group_and_batch_are_short(method):
+    dataset = _dataset('tuple')
+    with SerialIterator(dataset, 5, repeat=False, shuffle=False) as ref:
+        expected = [fingerprint(concat_examples(b)) for b in ref]
+    assert len(expected) == 41
+    with _mp(dataset, method, repeat=False, shuffle=False) as it:
+        got = [fingerprint(b) for b in it]
+        assert it.stats['batches_per_task'] == 4
+        with pytest.raises(StopIteration):
+            next(it)
+        it.reset()
+        again = [fingerprint(b) for b in it]
+    assert got == expected
+    assert again == expected
+
+
+def test_grouped_batches_resume_exactly(method):
+    dataset = _dataset('per-example')
+
+    def mp():
+        return _mp(dataset, method, shuffle=True, seed=5)
+    # Snapshots taken before every step: many fall inside a group.
+    assert_resume_equivalent(mp, [mp], 14)
+    with mp() as it:
+        for _ in range(50):
+            next(it)
+        assert it.stats['batches_per_task'] == 4
+        state = it.state_dict()
+        rest = [fingerprint(next(it)) for _ in range(13)]
+    with mp() as resumed:
+        resumed.load_state_dict(state)
+        assert [fingerprint(next(resumed)) for _ in range(13)] == rest
+
+
+@pytest.mark.parametrize('batched', [False, True])
+def test_an_error_in_a_group_comes_from_the_batch_that_holds_it(
+        method, batched):
+    # Example 301 is in batch 60, well after the groups began.
+    dataset = Broken(400, 301) if batched else helpers.Failing(400, 301)
+    expected = _expected(helpers.Failing(400, -1), 60, shuffle=False)
+    with _mp(dataset, method, shuffle=False) as it:
+        got = []
+        for _ in range(60):
+            got.append(fingerprint(next(it)))
+            if len(got) == 40:
+                assert it.stats['batches_per_task'] == 4
+        assert got == expected
+        for _ in range(2):      # it stays at that batch
+            with pytest.raises(KeyError, match='301'):
+                next(it)
+            assert it.current_position == 300
+        # From then on each batch goes alone.
+        assert it.stats['batches_per_task'] == 1
+
+
+class Broken(helpers.Failing):
+    """``Failing`` with a batch method: its whole chunk fails."""
+
+    def get_examples(self, indices):
+        return [self[i] for i in indices]
+
+
+def test_batches_that_change_shape_stop_the_groups(method):
+    # Every batch of 5 has its own length and dtype (bucketed data): a
+    # group of them does not stack as one.
+    dataset = helpers.Bucketed(5 * 80, 5, lengths=(3, 9, 6),
+                               dtypes=(numpy.float32, numpy.float64))
+    with SerialIterator(dataset, 5, shuffle=False) as ref:
+        expected = [fingerprint(concat_examples(next(ref)))
+                    for _ in range(70)]
+    with _mp(dataset, method, shuffle=False) as it, \
+            warnings.catch_warnings():
+        warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        got = [fingerprint(next(it)) for _ in range(70)]
+        assert it.stats['batches_per_task'] == 1
+    assert got == expected
+
+
+def test_padded_batches_are_never_grouped(method):
+    # concat_examples pads a batch to its own longest example.
+    dataset = Ragged(120)
+    pad = chainiter.dataset.concat_examples
+    import functools
+    converter = functools.partial(pad, padding=-1)
+    expected = _expected(dataset, 60, padding=-1, shuffle=True, seed=1)
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
+                              seed=1, converter=converter,
+                              start_method=method) as it:
+        got = [fingerprint(next(it)) for _ in range(60)]
+        assert it.stats['batches_per_task'] == 1
+    assert got == expected
+
+
+def test_held_batches_keep_their_values_and_nothing_is_left(method):
+    dataset = _dataset('tuple')
+    expected = _expected(dataset, 120, shuffle=True, seed=9)
+    before = shm_files()
+    with _mp(dataset, method, shuffle=True, seed=9) as it:
+        held = [next(it) for _ in range(120)]     # every slot stays leased
+        assert it.stats['batches_per_task'] == 4
+        assert [fingerprint(b) for b in held] == expected
+        del held
+        more = [fingerprint(next(it)) for _ in range(10)]
+    assert more == _expected(dataset, 130, shuffle=True, seed=9)[120:]
+    assert shm_files() <= before
