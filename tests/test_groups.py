@@ -3,6 +3,7 @@ batches as one task and ``next()`` hands out their rows batch by batch.
 Nothing the user sees changes: the batches, the resume, the errors, the
 arrays a user holds."""
 
+import functools
 import warnings
 
 import numpy
@@ -40,16 +41,19 @@ class Rows:
 
 
 class Ragged:
-    """Example i is an int32 array of 1 + i % 5 values (to pad)."""
+    """Example i is (an int32 array of 1 + i % 7 values, or of shape
+    (1 + i % 3, 1 + i % 4), to pad; i)."""
 
-    def __init__(self, n):
+    def __init__(self, n, ndim=1):
         self.n = n
+        self.ndim = ndim
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        return numpy.full(1 + i % 5, i, dtype=numpy.int32)
+        shape = (1 + i % 7,) if self.ndim == 1 else (1 + i % 3, 1 + i % 4)
+        return numpy.full(shape, i, dtype=numpy.int32), i
 
 
 _X = numpy.random.default_rng(0).random((203, 4), dtype=numpy.float32)
@@ -166,18 +170,21 @@ def test_batches_that_change_shape_stop_the_groups(method):
     assert got == expected
 
 
-def test_padded_batches_are_never_grouped(method):
-    # concat_examples pads a batch to its own longest example.
-    dataset = Ragged(120)
-    pad = chainiter.dataset.concat_examples
-    import functools
-    converter = functools.partial(pad, padding=-1)
+@pytest.mark.parametrize('ndim', [1, 2])
+def test_padded_batches_in_a_group_are_each_padded_to_their_own(method, ndim):
+    # concat_examples pads a batch to its own longest example: every batch
+    # of a group has its own shape.
+    dataset = Ragged(120, ndim)
+    converter = functools.partial(concat_examples, padding=-1)
     expected = _expected(dataset, 60, padding=-1, shuffle=True, seed=1)
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
                               seed=1, converter=converter,
-                              start_method=method) as it:
+                              start_method=method) as it, \
+            warnings.catch_warnings():
+        # Longer examples than the first batch's grow the buffers.
+        warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
         got = [fingerprint(next(it)) for _ in range(60)]
-        assert it.stats['batches_per_task'] == 1
+        assert it.stats['batches_per_task'] == 4
     assert got == expected
 
 

@@ -176,9 +176,11 @@ class Book:
 
     # ---- batches -------------------------------------------------------
 
-    def open_batch(self, step, seed, slot, buffers, slot_index, buffer_id):
+    def open_batch(self, step, seed, slot, buffers, slot_index, buffer_id,
+                   cuts=()):
         """A new batch; returns ``(batch, tasks)``: its tasks, to assign
-        (none when every batch fails: the batch is then ready)."""
+        (none when every batch fails: the batch is then ready).  ``cuts``:
+        see ``Task``."""
         seq = self.next_seq
         self.next_seq += 1
         n = len(step)
@@ -192,11 +194,11 @@ class Book:
             return batch, []
         if n_chunks == 1:
             return batch, [Task(self.generation, seq, 0, 0, step, slot_index,
-                                buffer_id, seed)]
+                                buffer_id, seed, cuts)]
         bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
         return batch, [
             Task(self.generation, seq, chunk, a, step.cut(a, b), slot_index,
-                 buffer_id, seed)
+                 buffer_id, seed, cuts)
             for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
     def assign(self, task):

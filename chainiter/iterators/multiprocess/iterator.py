@@ -5,6 +5,7 @@ pool and reads each finished batch back from its slot.  ``__init__.py``
 draws the data flow.
 """
 
+import bisect
 import functools
 import multiprocessing
 import os
@@ -22,7 +23,9 @@ from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
-    by_value, converted, list_layout, read, remote, share, stacked_layout)
+    by_value, converted, list_layout, read, remote, share, stacked_layout,
+    stacked_rows)
+from chainiter.iterators.multiprocess.stacked_layout import Rows
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
 from chainiter.iterators.multiprocess.slots import (
@@ -70,16 +73,34 @@ def _check_picklable(obj, what, method):
 class _Group:
     """Batches loaded as one: their steps, and once it has arrived, the
     rows (``stacked``) or examples of all of them, cut at ``bounds``."""
-    __slots__ = ('steps', 'seed', 'handle', 'bounds', 'stacked', 'examples',
-                 'by_copy')
+    __slots__ = ('steps', 'seed', 'handle', 'bounds', 'arrived', 'stacked',
+                 'examples', 'by_copy', 'tops', 'layout')
 
     def __init__(self, seed):
         self.steps = []
         self.seed = seed
         self.handle = None      # the pool's, once sent
-        self.bounds = None      # once arrived
+        self.bounds = None      # where each batch begins, once sent
+        self.arrived = False
         self.stacked = self.examples = None
         self.by_copy = False
+        self.tops = None        # padded: each batch's largest shapes
+        self.layout = None      # and the layout they are of
+
+
+def _batch_tops(buffers, parts, bounds):
+    """Each batch's largest shape of every padded field (a list of
+    ``{field index: shape}``, None unless every part is ``Rows``), from
+    the parts the workers wrote, which never straddle two batches."""
+    if buffers is None or not all(type(p) is Rows for p in parts):
+        return None
+    layout = buffers.layout
+    tops = [[] for _ in bounds[:-1]]
+    row = 0
+    for part in parts:
+        tops[bisect.bisect_right(bounds, row) - 1].append(part)
+        row += part.n
+    return [stacked_rows.tops_of(layout, batch) for batch in tops]
 
 
 class _Member(typing.NamedTuple):
@@ -232,11 +253,9 @@ class MultiprocessIterator(DatasetIterator):
         self._warned_size = False
         self._warned_mismatch = False
         # Batches may go to the workers in groups (``_choose_group``) only
-        # where that changes nothing the user sees: padding pads a batch
-        # to its own largest example; an explicit n_prefetch counts
-        # batches, maxtasksperchild tasks.
-        self._may_group = self._stacked and self._padding is None and \
-            n_prefetch is None and maxtasksperchild is None and \
+        # where that changes nothing the user sees: an explicit n_prefetch
+        # counts batches, maxtasksperchild tasks.
+        self._may_group = self._stacked and n_prefetch is None and maxtasksperchild is None and \
             shared_mem is None
 
         ctx = multiprocessing.get_context(start_method)
@@ -310,8 +329,13 @@ class MultiprocessIterator(DatasetIterator):
         if self.n_prefetch is not None:
             return
         n = self.n_processes
-        fits = self.prefetch_bytes // max(slot_bytes, 1) - 2
+        group = self._group
+        fits = self.prefetch_bytes * group // max(slot_bytes, 1) - 2
         depth = max(2 * n, min(self._max_depth, fits))
+        if group > 1:
+            # As many batches in flight as one by one, in groups; each
+            # worker still has two.
+            depth = max(2 * n, -(-depth // group))
         room = descriptor_room()
         if room is not None:
             # A slot holds two descriptors here (its file's and its
@@ -505,18 +529,27 @@ class MultiprocessIterator(DatasetIterator):
     def _send(self, group):
         if self._open is group:
             self._open = None
-        group.handle = self._pool.submit(Step.join(group.steps), group.seed)
+        group.bounds = numpy.cumsum(
+            [0] + [len(step) for step in group.steps]).tolist()
+        # Padding pads each batch to its own longest example: the workers
+        # then tell each batch's (``Task.cuts``).
+        cuts = () if self._padding is None else tuple(group.bounds[:-1])
+        group.handle = self._pool.submit(Step.join(group.steps), group.seed,
+                                         cuts)
 
     def _collect_member(self, member):
         group = member.group
         if group.handle is None:         # not full: send what it has
             self._send(group)
-        if group.bounds is None:
+        if not group.arrived:
             batch, chunks, error = self._wait(group.handle)
             if error is not None:
                 return self._ungroup()
-            group.bounds = numpy.cumsum(
-                [0] + [len(step) for step in group.steps]).tolist()
+            group.arrived = True
+            if self._padding is not None:
+                chunks = [part for chunk in chunks for part in chunk.metas]
+                group.tops = _batch_tops(batch.buffers, chunks, group.bounds)
+                group.layout = batch.buffers and batch.buffers.layout
             group.stacked, group.examples, group.by_copy = self._read(
                 batch, chunks)
             if group.stacked is None:
@@ -529,6 +562,9 @@ class MultiprocessIterator(DatasetIterator):
         self._by_copy += group.by_copy
         if group.stacked is not None:
             batch = _rows(group.stacked, a, b)
+            if group.tops is not None:
+                batch = stacked_rows.cut_to(batch, group.layout,
+                                            group.tops[member.index])
             if last:
                 group.stacked = None    # the slot is free once the user's
             return batch               # arrays are gone

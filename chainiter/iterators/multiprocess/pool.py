@@ -151,7 +151,7 @@ class Pool:
 
     # ---- the main thread's side -------------------------------------------
 
-    def submit(self, step, seed):
+    def submit(self, step, seed, cuts=()):
         with self.lock:
             book = self.book
             slot = self._free_slot()
@@ -159,7 +159,7 @@ class Pool:
             batch, tasks = book.open_batch(
                 step, seed, slot, buffers,
                 -1 if slot is None else slot.index,
-                -1 if buffers is None else buffers.id)
+                -1 if buffers is None else buffers.id, cuts)
             if slot is not None:
                 slot.owner = (batch.generation, batch.seq)
             if book.failure is not None:

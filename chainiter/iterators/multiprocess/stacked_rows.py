@@ -285,6 +285,19 @@ def tops_of(layout, metas):
                  [[m.tops[i] for m in metas] for i in padded_fields(layout)])
 
 
+def cut_to(stacked, layout, tops):
+    """``stacked`` (rows read with larger tops) with each padded field cut
+    to ``tops``."""
+    values = list(stacked) if layout.structure == 'tuple' else \
+        [stacked[f.key] for f in layout.fields] \
+        if layout.structure == 'dict' else [stacked]
+    for i, top in tops.items():
+        if top is not None:
+            values[i] = values[i][(slice(None),) + tuple(
+                slice(t) for t in top)]
+    return _structured(layout, values)
+
+
 def read_stacked(base, layout, n, tops, specs):
     """The stacked batch of ``n`` rows as views of ``base`` (the slot's
     bytes); ``tops`` gives the batch's largest shape of padded fields and

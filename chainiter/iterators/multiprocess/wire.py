@@ -32,6 +32,10 @@ class Task(typing.NamedTuple):
     slot: int               # index of the slot to write into, or -1
     buffer_id: int
     seed: int               # keys example_rng()
+    # Rows of the batch where each of the batches of a group begins, when
+    # the worker must write them apart (a padded field's largest shape is
+    # each batch's own); else empty.
+    cuts: tuple = ()
 
     @property
     def indices(self):
@@ -50,13 +54,13 @@ def encode_task(task):
     every order of the step is seeded (or the identity), the orders' keys
     instead of the indices: the worker computes them, and the main process
     never does."""
-    generation, seq, chunk, start, step, slot, buffer_id, seed = task
+    generation, seq, chunk, start, step, slot, buffer_id, seed, cuts = task
     keys = _order_keys(step)
     indices = None if keys is not None else numpy.asarray(
         step.indices, dtype=numpy.int64).tobytes()
     return pickle.dumps(
         (generation, seq, chunk, start, indices, keys, step.spans, slot,
-         buffer_id, seed), pickle.HIGHEST_PROTOCOL)
+         buffer_id, seed, cuts), pickle.HIGHEST_PROTOCOL)
 
 
 def _order_keys(step):
@@ -93,14 +97,29 @@ def _worker_order(key):
 
 def decode_task(message):
     generation, seq, chunk, start, indices, keys, spans, slot, buffer_id, \
-        seed = message
+        seed, cuts = message
     if keys is None:
         step = Step(numpy.frombuffer(indices, dtype=numpy.int64).tolist(),
                     spans)
     else:
         step = Step(Step(None, spans, [_worker_order(k) for k in keys])
                     .indices.tolist(), spans)
-    return Task(generation, seq, chunk, start, step, slot, buffer_id, seed)
+    return Task(generation, seq, chunk, start, step, slot, buffer_id, seed,
+                cuts)
+
+
+def segments(task):
+    """``(a, b)`` row ranges of the task's chunk, cut where a batch of
+    its group begins (the whole chunk when ``task.cuts`` is empty)."""
+    n = len(task.step)
+    inner = [c - task.start for c in task.cuts if task.start < c <
+             task.start + n]
+    return list(zip([0] + inner, inner + [n]))
+
+
+class Parts(typing.NamedTuple):
+    """A chunk's results, one per segment (``segments``)."""
+    metas: list
 
 
 class Result(typing.NamedTuple):

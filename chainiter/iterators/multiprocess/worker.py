@@ -105,6 +105,17 @@ def seed_global_rngs(seed, worker_id):
         torch.manual_seed(worker_seed)
 
 
+def _load(dataset, step, seed, sink, batched):
+    """``(metas, error)``: the examples of ``step`` written by ``sink``,
+    or the error that loading them raised."""
+    try:
+        _context.load_examples(dataset, step.indices, seed, step.spans, sink)
+    except Exception as e:
+        return [], remote.capture(e, step.indices if batched else
+                                  int(step.indices[len(sink)]))
+    return sink.result(), None
+
+
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -172,17 +183,23 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             continue
         task = wire.decode_task(message)
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
-        sink = sinks.sink_for(whole, layout, task.start) if converter is \
-            None else converted.ConverterSink(whole, layout, converter)
-        error = None
         started = time.perf_counter()
-        try:
-            _context.load_examples(dataset, task.indices, task.seed,
-                                   task.spans, sink)
-        except Exception as e:
-            error = remote.capture(e, task.indices if batched else
-                                   int(task.indices[len(sink)]))
-        metas = [] if error is not None else sink.result()
+        if task.cuts:
+            parts = []
+            for a, b in wire.segments(task):
+                metas, error = _load(dataset, task.step.cut(a, b), task.seed,
+                                     sinks.sink_for(whole, layout,
+                                                    task.start + a), batched)
+                if error is not None:
+                    break
+                parts.append(metas)
+            metas = [] if error is not None else wire.Parts(parts)
+        else:
+            metas, error = _load(
+                dataset, task.step, task.seed,
+                sinks.sink_for(whole, layout, task.start) if converter is
+                None else converted.ConverterSink(whole, layout, converter),
+                batched)
         try:
             wire.send_result(conn, task, metas, error,
                              time.perf_counter() - started)
