@@ -200,3 +200,44 @@ def test_held_batches_keep_their_values_and_nothing_is_left(method):
         more = [fingerprint(next(it)) for _ in range(10)]
     assert more == _expected(dataset, 130, shuffle=True, seed=9)[120:]
     assert shm_files() <= before
+
+
+class LabelsChange:
+    """Example i is (float32 row, label i): the label a numpy scalar of
+    ``before`` up to example ``at``, of ``after`` from there (a dataset
+    whose labels change dtype between batches)."""
+
+    def __init__(self, n, at, before, after, wide=()):
+        self.n, self.at, self.before, self.after = n, at, before, after
+        self.wide = wide          # batches whose rows are twice as wide
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        width = 6 if i // 5 in self.wide else 3
+        label = (self.before if i < self.at else self.after)(i)
+        return numpy.full(width, i, dtype=numpy.float32), label
+
+
+def test_groups_that_stop_while_one_is_being_filled_lose_no_batch(method):
+    # A batch loaded alone grows the buffers after the groups began, and
+    # the depth falls: while the batches in flight drain, the last group
+    # is still being filled when a later group stops the groups (its
+    # labels widen). That group must still go before the batches that
+    # then go one by one, or next() waits for them forever.
+    for wide in (25, 26, 27, 28):     # one of them leaves a group open
+        dataset = LabelsChange(1000, 5 * 50, numpy.int32, numpy.int64,
+                               wide=(wide,))
+        expected = _expected_of(dataset, 130)
+        with _mp(dataset, method, shuffle=False, prefetch_bytes=6144,
+                 dataset_timeout=10) as it, warnings.catch_warnings():
+            warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+            warnings.simplefilter('error', chainiter.TimeoutWarning)
+            got = [fingerprint(next(it)) for _ in range(130)]
+        assert got == expected, wide
+
+
+def _expected_of(dataset, n):
+    return [fingerprint(concat_examples([dataset[i] for i in range(
+        k * 5, k * 5 + 5)])) for k in range(n)]

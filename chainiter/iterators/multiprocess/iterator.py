@@ -578,13 +578,18 @@ class MultiprocessIterator(DatasetIterator):
         its batches, and all that follow, one by one, so that the error
         comes from the batch that holds the example, after the batches
         before it."""
-        self._stop_grouping()
         self._rewind()
+        self._stop_grouping()
         self._dispatch_until(1)
         return self._collect(self._pending[0][1])
 
     def _stop_grouping(self):
         if self._group > 1:
+            if self._open is not None:
+                # The group being filled goes now, before the batches
+                # that follow it go one by one: the pool hands batches
+                # out in the order they were sent.
+                self._send(self._open)
             self._group = 1
             self._prefetch_depth = self._pool.book.n_prefetch
 
