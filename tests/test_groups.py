@@ -220,6 +220,22 @@ class LabelsChange:
         return numpy.full(width, i, dtype=numpy.float32), label
 
 
+@pytest.mark.parametrize('before, after', [
+    (numpy.int64, numpy.int32), (numpy.float64, numpy.float32)])
+def test_batches_whose_labels_narrow_keep_their_dtype(method, before, after):
+    # A group stacks its batches as one: a worker writing int64 and int32
+    # labels into one array would give int64 to the int32 batches too
+    # (concat_examples of each batch alone gives its own dtype).
+    for at in (497, 502, 507, 512):       # the change falls inside a group
+        dataset = LabelsChange(1000, at - at % 5, before, after)
+        expected = _expected_of(dataset, 130)   # fingerprints: dtypes too
+        with _mp(dataset, method, shuffle=False) as it, \
+                warnings.catch_warnings():
+            warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+            got = [fingerprint(next(it)) for _ in range(130)]
+        assert got == expected, at
+
+
 def test_groups_that_stop_while_one_is_being_filled_lose_no_batch(method):
     # A batch loaded alone grows the buffers after the groups began, and
     # the depth falls: while the batches in flight drain, the last group

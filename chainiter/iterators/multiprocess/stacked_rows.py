@@ -18,6 +18,8 @@ _shape = operator.attrgetter('shape')
 _JOIN_BYTES = 4096
 # The field dtype numpy.asarray gives a list of these Python numbers.
 _PLAIN = {numpy.dtype(int).str: int, numpy.dtype(float).str: float}
+# Values of one of these types (all of the same) have one dtype.
+_SCALARS = (numpy.generic, bool, int, float, complex)
 
 
 def write_stacked_chunk(whole, layout, start_row, examples):
@@ -87,6 +89,17 @@ def write_stacked_chunk(whole, layout, start_row, examples):
                 elif set(map(type, column)) == {_PLAIN.get(dtype.str)}:
                     dst[...] = column   # Python ints or floats, unconverted
                 else:
+                    # Values of several types (numpy.int32 beside
+                    # numpy.int64, a float beside an int), or lists,
+                    # whose items may differ in type from example to
+                    # example, promote one another here as concat_examples
+                    # promotes a batch; but a chunk may hold several
+                    # batches (a group of them), each with its own
+                    # dtype: those go one by one, each example checked.
+                    types = set(map(type, column))
+                    if len(types) != 1 or not issubclass(
+                            types.pop(), _SCALARS):
+                        raise TypeError(types)
                     values = numpy.asarray(column)
                     if values.dtype != dtype or \
                             values.shape != dst.shape:
