@@ -257,3 +257,20 @@ def test_groups_that_stop_while_one_is_being_filled_lose_no_batch(method):
 def _expected_of(dataset, n):
     return [fingerprint(concat_examples([dataset[i] for i in range(
         k * 5, k * 5 + 5)])) for k in range(n)]
+
+
+def test_groups_that_find_no_free_slot_do_not_end_the_groups(method):
+    # Held batches hold their groups' slots: the groups that find none
+    # come through the socket, their batches as they are, and the groups
+    # go on once the batches are let go (only batches that differ in
+    # shape or dtype, or fail, end them).
+    dataset = _dataset('tuple')
+    expected = _expected(dataset, 260, shuffle=True, seed=9)
+    with _mp(dataset, method, shuffle=True, seed=9) as it:
+        held = [next(it) for _ in range(200)]     # more than the slots
+        assert [fingerprint(b) for b in held] == expected[:200]
+        assert it.stats['by_copy'] > 1
+        del held
+        more = [fingerprint(next(it)) for _ in range(60)]
+        assert it.stats['batches_per_task'] == 4
+    assert more == expected[200:]

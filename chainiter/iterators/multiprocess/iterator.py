@@ -552,10 +552,11 @@ class MultiprocessIterator(DatasetIterator):
                 group.layout = batch.buffers and batch.buffers.layout
             group.stacked, group.examples, group.by_copy = self._read(
                 batch, chunks)
-            if group.stacked is None:
+            if group.stacked is None and batch.slot is not None:
                 # Examples that differ among the batches (bucketed data,
                 # a changed dtype) do not stack as one: from now on each
-                # batch goes alone.
+                # batch goes alone.  (A group that found no free slot,
+                # its batches held, came through the socket as it is.)
                 self._stop_grouping()
         a, b = group.bounds[member.index], group.bounds[member.index + 1]
         last = member.index + 1 == len(group.steps)
