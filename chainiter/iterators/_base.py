@@ -229,6 +229,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                 'repeat=False')
         self._finalized = False
         self._busy = False
+        self._stale = False     # the pending batches need a rewind
         self._pending = collections.deque()
         self._orders = {}      # the last few seeded orders, by key
         self._state = self._initial_state()
@@ -303,6 +304,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._drop_pending()
         self._ahead = self._state
         self._restore_sampler(self._state.sampler_state)
+        self._stale = False
 
     def _dispatch_until(self, count):
         while len(self._pending) < count:
@@ -344,6 +346,9 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._busy = True
         try:
             self._check_alive()
+            if self._stale:
+                # A second interrupt cut the last rewind short.
+                self._rewind()
             self._dispatch_until(1)
             state, handle = self._pending[0]
             if handle is None:
@@ -361,6 +366,11 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             self._busy = False
             raise
         except BaseException as e:
+            # First, and with no call in between (where Python would run
+            # the handler of a second Ctrl-C): the batches dispatched
+            # ahead are stale until the rewind below has run, and the
+            # next call rewinds if it was cut short.
+            self._stale = True
             self._busy = False
             if isinstance(e, IteratorFinalizedError):
                 raise
@@ -703,6 +713,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._pending = collections.deque()
         self._orders = {}
         self._busy = False
+        self._stale = False
         self._finalized = False
         self._timing = _stats.Timing()     # a copy counts its own batches
         self._start_transport()
