@@ -99,18 +99,12 @@ class Step:
         if len(steps) == 1:
             return steps[0]
         if any(step.orders is None for step in steps):
+            spans, _ = _joined(
+                (span, None) for step in steps for span in step.spans)
             return Step(numpy.concatenate([step.indices for step in steps]),
-                        _merged(step.spans for step in steps))
-        spans, orders = [], []
-        for step in steps:
-            for span, order in zip(step.spans, step.orders):
-                if spans and orders[-1] is order and \
-                        spans[-1][0] == span[0] and spans[-1][2] == span[1]:
-                    spans[-1] = (span[0], spans[-1][1], span[2])
-                else:
-                    spans.append(span)
-                    orders.append(order)
-        return Step(None, spans, orders)
+                        spans)
+        return Step(None, *_joined(
+            pair for step in steps for pair in zip(step.spans, step.orders)))
 
     @property
     def epochs(self):
@@ -123,14 +117,18 @@ class Step:
             [numpy.arange(a, b, dtype=numpy.int64) for _, a, b in self.spans])
 
 
-def _merged(span_lists):
-    spans = []
-    for span in (span for spans_ in span_lists for span in spans_):
-        if spans and spans[-1][0] == span[0] and spans[-1][2] == span[1]:
+def _joined(pairs):
+    """``(spans, orders)`` from ``(span, order)`` pairs, a span that
+    continues the one before it in the same order merged into it."""
+    spans, orders = [], []
+    for span, order in pairs:
+        if spans and orders[-1] is order and spans[-1][0] == span[0] and \
+                spans[-1][2] == span[1]:
             spans[-1] = (span[0], spans[-1][1], span[2])
         else:
             spans.append(span)
-    return spans
+            orders.append(order)
+    return spans, orders
 
 
 def cut_spans(spans, start, stop):

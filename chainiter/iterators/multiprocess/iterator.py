@@ -255,8 +255,8 @@ class MultiprocessIterator(DatasetIterator):
         # Batches may go to the workers in groups (``_choose_group``) only
         # where that changes nothing the user sees: an explicit n_prefetch
         # counts batches, maxtasksperchild tasks.
-        self._may_group = self._stacked and n_prefetch is None and maxtasksperchild is None and \
-            shared_mem is None
+        self._may_group = self._stacked and n_prefetch is None and \
+            maxtasksperchild is None and shared_mem is None
 
         ctx = multiprocessing.get_context(start_method)
         method = ctx.get_start_method()

@@ -43,9 +43,6 @@ def capture(e, index):
 
 
 def first_unpicklable(metas, task):
-    if type(metas).__name__ == 'Parts':  # wire.Parts: a list per segment
-        metas = [meta for part in metas.metas for meta in (
-            part if isinstance(part, list) else [None] * part.n)]
     if type(metas) is UniformRows:
         metas = metas.others or []     # the only part that is not arrays
     elif not isinstance(metas, list):

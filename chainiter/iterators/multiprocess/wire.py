@@ -145,6 +145,9 @@ def send_result(conn, task, metas, error, seconds=0.0):
         payload = pickle.dumps((metas, error, seconds),
                                pickle.HIGHEST_PROTOCOL)
     except Exception as e:
+        if type(metas) is Parts:     # a list of metas per segment
+            metas = [meta for part in metas.metas for meta in (
+                part if isinstance(part, list) else [None] * part.n)]
         index = first_unpicklable(metas, task)
         what = 'example' if error is None else 'exception'
         payload = pickle.dumps(([], RemoteError(
