@@ -6,7 +6,9 @@ batch there, which no iterator can help):
 
 anywhere inside next(), for every kind and start method: while it waits
 for the workers (where a user's Ctrl-C lands most often), while it sends
-them tasks or shared memory, while it hands the batch out.
+them tasks or shared memory, while it hands the batch out.  The 'default'
+kinds use the default depth with small batches joined in groups early on,
+so interrupts also land while buffers are replaced and released.
 """
 
 import functools
@@ -18,16 +20,30 @@ import threading
 
 import pytest
 
-from chainiter import MultiprocessIterator, MultithreadIterator, SerialIterator
+from chainiter import (
+    MultiprocessIterator, MultithreadIterator, SerialIterator, concat_examples)
+from chainiter.iterators.multiprocess.shm import SharedBuffer, uninterrupted
 
 from helpers import (
     START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)
+
+
+
+class _Grouped(MultiprocessIterator):
+    # Groups from the third batch on (tests/test_groups.py).
+    GROUP_AFTER = 2
+    GROUP_S = 10.0
+    MAX_GROUP = 4
+
 
 KINDS = dict(
     [('serial', SerialIterator),
      ('thread', functools.partial(MultithreadIterator, n_threads=2))]
     + [('mp-' + m, functools.partial(MultiprocessIterator, n_processes=2,
                                      n_prefetch=3, start_method=m))
+       for m in START_METHODS]
+    + [('mp-default-' + m, functools.partial(
+        _Grouped, n_processes=2, start_method=m, converter=concat_examples))
        for m in START_METHODS])
 
 MIN_BATCHES = 150
@@ -89,7 +105,10 @@ def test_interrupts_inside_next_lose_no_batch(kind):
                     got = fingerprint(next(it))
                 except KeyboardInterrupt:
                     continue
-                assert got == fingerprint(next(ref)), (batches, counts)
+                want = next(ref)
+                if kind.startswith('mp-default'):
+                    want = concat_examples(want)
+                assert got == fingerprint(want), (batches, counts)
                 batches += 1
             stop.set()
             firing.join(10)
@@ -100,3 +119,63 @@ def test_interrupts_inside_next_lose_no_batch(kind):
     assert shm_files() <= files                 # no file left behind
     gc.collect()
     assert mapped_buffers() == buffers          # no mapping, no descriptor
+
+
+def test_an_interrupt_waits_for_the_end_of_an_uninterrupted_block():
+    """Whichever thread the kernel gives the signal to (here another
+    thread sends it to the process), the handler runs after the block, in
+    the main thread, once."""
+    ran = []
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda s, f: calls.append(s))
+    try:
+        with uninterrupted():
+            signal.raise_signal(signal.SIGINT)
+            sender = threading.Thread(target=os.kill,
+                                      args=(os.getpid(), signal.SIGINT))
+            sender.start()
+            sender.join()
+            with uninterrupted():       # nested: nothing changes
+                signal.raise_signal(signal.SIGINT)
+            ran.append('block')
+            assert calls == []
+        assert calls == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is not None
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(KeyboardInterrupt):
+            with uninterrupted():
+                signal.raise_signal(signal.SIGINT)
+                ran.append('to the end')
+        assert ran == ['block', 'to the end']
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_just_after_a_buffer_closes_its_descriptor(monkeypatch):
+    """A Ctrl-C that lands as soon as ``os.close`` returns leaves the
+    buffer released: its descriptor is closed once, never again (by then
+    its number may be another file's)."""
+    shared = SharedBuffer.allocate(4096)
+    closed = []
+    real_close = os.close
+
+    def close(fd):
+        real_close(fd)
+        closed.append(fd)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        monkeypatch.setattr(os, 'close', close)
+        with pytest.raises(KeyboardInterrupt):
+            shared.release()
+        monkeypatch.undo()
+        fd = shared.fd
+        shared.release()
+        shared.close()
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGINT, previous)
+    assert len(closed) == 1 and fd == -1
+    assert shared.buffer is None

@@ -28,6 +28,7 @@ from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
+from chainiter.iterators.multiprocess.shm import uninterrupted
 from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
@@ -51,8 +52,10 @@ class Pool:
         self.events = []         # warnings to raise in the main thread
         self.closed = False
         # The worker whose messages are being changed: when an exception
-        # (a KeyboardInterrupt) interrupts that, its stream may end inside
-        # a message, or its tasks be recorded wrongly: it is retired.
+        # interrupts that, its stream may end inside a message, or its
+        # tasks be recorded wrongly: it is retired.  (A Ctrl-C waits for
+        # the end of submit(): retiring a worker at every interrupt had a
+        # storm of them start workers faster than spawn could.)
         self._touched = None
         self._n_workers = n_workers
         self._next_worker_id = 0
@@ -152,7 +155,9 @@ class Pool:
     # ---- the main thread's side -------------------------------------------
 
     def submit(self, step, seed, cuts=()):
-        with self.lock:
+        # Uninterrupted: a Ctrl-C between recording a task and sending it
+        # would leave it held by its worker for good (and its slot busy).
+        with uninterrupted(), self.lock:
             book = self.book
             slot = self._free_slot()
             buffers = self.slots.buffers if slot is not None else None
@@ -242,7 +247,7 @@ class Pool:
 
     def new_generation(self):
         """Drop every batch in flight (their results are ignored)."""
-        with self.lock:
+        with uninterrupted(), self.lock:
             if self._touched is not None:
                 # An exception interrupted a send: that worker finishes
                 # what it has, then exits; a new one takes over.

@@ -20,38 +20,18 @@ No processes or threads here: the pool calls it under its lock and sends
 what it allocates to the workers.
 """
 
-import contextlib
 import ctypes
 import errno
 import os
-import signal
-import threading
 import weakref
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
-from chainiter.iterators.multiprocess.shm import SharedBuffer
+from chainiter.iterators.multiprocess.shm import SharedBuffer, uninterrupted
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 
 # Running out of these degrades to copies; other errors propagate.
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
-
-
-@contextlib.contextmanager
-def _uninterrupted():
-    """Hold back SIGINT in the main thread while a buffer is made and
-    stored: a KeyboardInterrupt between the two would leak its memory.
-    (The receiver thread blocks SIGINT for good; a Ctrl-C that the kernel
-    hands to another thread of the user's may still land.)"""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):
-        yield
-        return
-    try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        yield
-    finally:       # also when the interrupt came just before the block
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 # What a new slot must leave free of ``ulimit -n`` (a slot holds two
@@ -176,7 +156,7 @@ class SlotPool:
             if slot.shared is None:
                 try:
                     _check_room(buffers.layout.slot_bytes)
-                    with _uninterrupted():
+                    with uninterrupted():
                         slot.shared = SharedBuffer.allocate(
                             buffers.layout.slot_bytes)
                 except (MemoryError, OSError) as e:
@@ -202,8 +182,9 @@ class SlotPool:
                             and (slot.exporter is None or
                                  slot.exporter() is None) \
                             and slot.index not in in_use:
-                        slot.shared.release()
-                        slot.shared = slot.exporter = slot.owner = None
+                        with uninterrupted():
+                            slot.shared.release()
+                            slot.shared = slot.exporter = slot.owner = None
                 if not buffers.allocated():
                     continue
             kept.append(buffers)
@@ -214,7 +195,7 @@ class SlotPool:
         room at all is a clear error now)."""
         old = self.buffers
         new = Buffers(0 if old is None else old.id + 1, layout, self.n_slots)
-        with _uninterrupted():
+        with uninterrupted():
             new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
             self.buffers = new
             if old is not None:
