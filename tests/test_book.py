@@ -177,12 +177,14 @@ def test_a_seeded_task_travels_as_its_orders_keys_not_its_indices():
 # ---- how many workers take tasks --------------------------------------------
 
 def run_window(active, waited_every=None, load_per_batch=0.0,
-               period=0.001, now=0.0, load=0.0, loaded=0, size=32):
+               period=0.001, now=0.0, load=0.0, loaded=0, size=32,
+               queued_per_batch=0.0):
     """One window of ADAPT_BATCHES batches of ``size`` examples handed out
     every ``period`` seconds, each costing the workers ``load_per_batch``
     seconds (its results arriving as it is handed out, unless
-    ``load_per_batch`` is 0: none arrive); every ``waited_every``-th found
-    no batch ready.  Returns (count, now, load, loaded)."""
+    ``load_per_batch`` is 0: none arrive) and ``queued_per_batch`` seconds
+    of waiting for a CPU; every ``waited_every``-th found no batch ready.
+    Returns (count, now, load, loaded)."""
     from chainiter.iterators.multiprocess.book import ADAPT_BATCHES
     count = None
     for i in range(ADAPT_BATCHES):
@@ -191,7 +193,8 @@ def run_window(active, waited_every=None, load_per_batch=0.0,
             load += load_per_batch
             loaded += size
         waited = waited_every is not None and i % waited_every == 0
-        count = active.batch(waited, now, load, loaded, size)
+        count = active.batch(waited, now, load, loaded, size,
+                             queued_per_batch * (loaded // size))
     return count, now, load, loaded
 
 
@@ -237,6 +240,29 @@ def test_waiting_for_batches_doubles_the_workers_up_to_all():
             load=load, loaded=loaded)
         counts.append(count)
     assert counts == [4, 8, 16, 16]
+
+
+def test_waits_double_no_workers_that_already_wait_for_cpus():
+    # 16 workers on 2 cores: next() waits now and then because a worker
+    # with its batch waits for a core, not for want of workers.  Each
+    # batch costs 0.3 ms of loading and 0.2 ms waiting for a CPU: the
+    # count follows the loading, as if nothing waited.
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16)
+    active.batch(False, 0.0, 0.0, 0, 32)
+    counts, now, load, loaded = [], 0.0, 0.0, 0
+    for _ in range(4):
+        count, now, load, loaded = run_window(
+            active, waited_every=4, load_per_batch=0.0003,
+            queued_per_batch=0.0002, now=now, load=load, loaded=loaded)
+        counts.append(count)
+    assert counts == [8, 4, 2, 2]
+    # Waits for CPUs under a quarter of the loading (I/O, say) are no
+    # crowd: the waits of next() double the workers again.
+    count, _, _, _ = run_window(
+        active, waited_every=4, load_per_batch=0.0003,
+        queued_per_batch=0.00005, now=now, load=load, loaded=loaded)
+    assert count == 4
 
 
 def test_a_single_worker_stays():

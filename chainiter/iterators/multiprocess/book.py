@@ -77,8 +77,15 @@ class ActiveWorkers:
     quickly, and then few results arrive in it although the consumer is
     the faster side.
 
-    Pure: ``batch`` is told the time and the workers' loading seconds and
-    examples.
+    The loading seconds leave out those a worker waited for a CPU while it
+    could run (``worker.RunQueueClock``): with more processes than cores
+    the wall time of a task grows with the number of workers, and taken
+    for work it kept eight of 16 workers busy on 2 cores, at 0.75 the
+    speed of 2.  Nor do waits of ``next()`` double the workers when they
+    wait for CPUs that long already (a quarter of their loading).
+
+    Pure: ``batch`` is told the time and the workers' loading seconds,
+    examples and seconds waiting for a CPU.
     """
 
     def __init__(self, n):
@@ -89,25 +96,32 @@ class ActiveWorkers:
         self._waited = 0
         self._handed = 0        # examples handed out in the window
 
-    def batch(self, waited, now, load_s, loaded, size):
+    def batch(self, waited, now, load_s, loaded, size, queued_s=0.0):
         """A batch of ``size`` examples was handed out (``waited``:
         ``next()`` found none ready) at ``now``, the workers having loaded
-        ``loaded`` examples in ``load_s`` seconds in all; returns how many
-        workers take tasks from now on."""
+        ``loaded`` examples in ``load_s`` seconds in all, and waited
+        ``queued_s`` seconds for a CPU meanwhile; returns how many workers
+        take tasks from now on."""
         if self._start is None:
-            self._start = (now, load_s, loaded)
+            self._start = (now, load_s, loaded, queued_s)
             return self.count
         self._batches += 1
         self._waited += bool(waited)
         self._handed += size
         if self._batches >= ADAPT_BATCHES:
-            start_t, start_load, start_loaded = self._start
+            start_t, start_load, start_loaded, start_queued = self._start
             span = now - start_t
             if loaded > start_loaded:       # what an example costs now
                 per_example = (load_s - start_load) / (loaded - start_loaded)
             else:
                 per_example = load_s / loaded if loaded else 0.0
-            if self._waited * 20 > self._batches or span <= 0:
+            # Workers that wait for CPUs as long as a quarter of their
+            # loading share the cores already: more of them would only
+            # wait longer (and take the core from the consumer), so waits
+            # of next() then double nothing.
+            crowded = (queued_s - start_queued) * 4 > load_s - start_load
+            if (self._waited * 20 > self._batches and not crowded) or \
+                    span <= 0:
                 self.count = min(self.n, 2 * self.count)
             else:
                 busy = per_example * self._handed / span
@@ -116,7 +130,7 @@ class ActiveWorkers:
                 # pause of the consumer within it) costs little.
                 self.count = max(min(2, self.n), min(self.n, wanted),
                                  self.count // 2)
-            self._start = (now, load_s, loaded)
+            self._start = (now, load_s, loaded, queued_s)
             self._batches = self._waited = self._handed = 0
         return self.count
 
@@ -138,6 +152,7 @@ class Book:
         self._reorderer = Reorderer()
         self.load_s = 0.0          # the workers' seconds loading, in all
         self.loaded = 0            # the examples loaded in those seconds
+        self.queued_s = 0.0        # and the seconds they waited for a CPU
         self.active = n_workers    # how many take tasks (ActiveWorkers)
         self._active_workers = ActiveWorkers(n_workers)
 
@@ -220,8 +235,8 @@ class Book:
     def handed_out(self, waited, now, size):
         """A batch of ``size`` examples was handed out at ``now``
         (``waited``: ``next()`` found none ready): ``active`` follows."""
-        self.active = self._active_workers.batch(waited, now, self.load_s,
-                                                 self.loaded, size)
+        self.active = self._active_workers.batch(
+            waited, now, self.load_s, self.loaded, size, self.queued_s)
 
     def take_unassigned(self):
         tasks, self.unassigned = self.unassigned, []
@@ -244,6 +259,8 @@ class Book:
             if len(loaded) > 2:     # how long the worker took
                 self.load_s += loaded[2]
                 self.loaded += len(task.step)
+                if len(loaded) > 3:
+                    self.queued_s += loaded[3]
         except Exception as e:
             metas, error = [], RemoteError(
                 None, type(e).__qualname__,

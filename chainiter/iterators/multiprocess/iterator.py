@@ -190,7 +190,8 @@ class MultiprocessIterator(DatasetIterator):
     in shape or dtype); ``ready``, batches loaded and waiting
     in order; ``worker_busy``, the fraction of the workers' time spent
     loading (``dataset[i]`` and writing to shared memory, as the workers
-    time each chunk) since the timed window began (None before).
+    time each chunk, less the time they waited for a CPU) since the timed
+    window began (None before).
     """
 
     PREFETCH_BYTES = 256 * 2 ** 20
@@ -200,6 +201,9 @@ class MultiprocessIterator(DatasetIterator):
     GROUP_S = 2e-3
     MAX_GROUP = 32
     GROUP_AFTER = 32       # batches measured first
+    # Then measured again over as many batches as this, after as many
+    # again; groups may grow once (``_measure_again``).
+    REGROUP_AFTER = 1024
 
     TimeoutWarning = TimeoutWarning
 
@@ -358,6 +362,7 @@ class MultiprocessIterator(DatasetIterator):
         self._group = 1             # batches loaded as one
         self._group_mark = None     # (batches measured, load_s, ...)
         self._groupable = self._may_group
+        self._regroup = None        # (batches since, load_s, loaded)
         self._open = None           # the group being filled
         self._busy_mark = (None, 0.0)   # (id(pool), its load_s) at start
 
@@ -499,10 +504,13 @@ class MultiprocessIterator(DatasetIterator):
         layout = self._pool.slots.layout
         group = int(self.GROUP_S / max(per_batch, 1e-9))
         fits = self.prefetch_bytes // (
-            (2 * self.n_processes + 2) * max(layout.slot_bytes, 1))
+            (2 * self.n_processes + 2) * max(stacked_layout.resized(
+                layout, self.batch_size).slot_bytes, 1))
         group = min(group, fits, self.MAX_GROUP)
-        if group < 2:
+        if group < max(2, 1.5 * self._group):
             return
+        if self._group == 1:
+            self._regroup = (0, None, None)
         try:
             self._pool.use_layout(stacked_layout.resized(
                 layout, group * self.batch_size))
@@ -552,6 +560,8 @@ class MultiprocessIterator(DatasetIterator):
                 group.layout = batch.buffers and batch.buffers.layout
             group.stacked, group.examples, group.by_copy = self._read(
                 batch, chunks)
+            if self._regroup is not None and group.stacked is not None:
+                self._measure_again(len(group.steps))
             if group.stacked is None and batch.slot is not None:
                 # Examples that differ among the batches (bucketed data,
                 # a changed dtype) do not stack as one: from now on each
@@ -574,6 +584,27 @@ class MultiprocessIterator(DatasetIterator):
             group.examples = None
         return self._convert(examples)
 
+    def _measure_again(self, size):
+        """The first measure (of the first ``GROUP_AFTER`` batches) takes
+        the workers' start: each first touches the dataset's pages, and the
+        more workers, the fewer batches each has loaded (16 workers
+        measured twice the time a batch of tiny examples took 2, and
+        chose half their groups).  Once ``REGROUP_AFTER`` more batches
+        have gone, the next as many are measured, and the groups grow if
+        half as large again fit in ``GROUP_S``."""
+        count, load_s, loaded = self._regroup
+        count += size
+        book = self._pool.book
+        if load_s is None:
+            if count >= self.REGROUP_AFTER:
+                count, load_s, loaded = 0, book.load_s, book.loaded
+        elif count >= self.REGROUP_AFTER and book.loaded > loaded:
+            self._regroup = None
+            self._choose_group((book.load_s - load_s) /
+                               (book.loaded - loaded) * self.batch_size)
+            return
+        self._regroup = (count, load_s, loaded)
+
     def _ungroup(self):
         """A group failed (an example raised, or killed its worker): load
         its batches, and all that follow, one by one, so that the error
@@ -592,6 +623,7 @@ class MultiprocessIterator(DatasetIterator):
                 # out in the order they were sent.
                 self._send(self._open)
             self._group = 1
+            self._regroup = None
             self._prefetch_depth = self._pool.book.n_prefetch
 
     def _collect_converted(self, pool, batch, chunks):

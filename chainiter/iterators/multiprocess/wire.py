@@ -138,11 +138,12 @@ def header(generation, seq, chunk):
     return _HEADER.pack(generation, seq, chunk)
 
 
-def send_result(conn, task, metas, error, seconds=0.0):
+def send_result(conn, task, metas, error, seconds=0.0, queued=0.0):
     """Send a result as a fixed header, so that the parent always knows
-    which chunk it is for, followed by the pickled payload."""
+    which chunk it is for, followed by the pickled payload (with the
+    seconds the worker spent on it, and those it waited for a CPU)."""
     try:
-        payload = pickle.dumps((metas, error, seconds),
+        payload = pickle.dumps((metas, error, seconds, queued),
                                pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         if type(metas) is Parts:     # a list of metas per segment
@@ -155,7 +156,7 @@ def send_result(conn, task, metas, error, seconds=0.0):
             'the {} of dataset[{}] cannot be pickled to send it from the '
             'worker to the main process: {}: {}'.format(
                 what, index, type(e).__qualname__, e),
-            traceback.format_exc(), index), seconds))
+            traceback.format_exc(), index), seconds, queued))
     send_frame(conn, _HEADER.pack(task.generation, task.seq, task.chunk) +
                payload)
 

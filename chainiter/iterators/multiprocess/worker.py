@@ -51,6 +51,33 @@ def watch_parent(parent_pid, by_main_thread, thread=True):
                      daemon=True).start()
 
 
+class RunQueueClock:
+    """Seconds this thread has waited for a CPU while it could run (Linux's
+    ``/proc/thread-self/schedstat``; always 0 elsewhere).
+
+    A worker reports the seconds a task took less these: on a machine
+    with fewer cores than processes, the wall time of a task grows with
+    the number of workers (each waits for its turn), and the pipeline,
+    taking that for work, would keep more workers busy, which only makes
+    the waits longer.  Waits for I/O still count, as work that more
+    workers overlap.
+    """
+
+    def __init__(self):
+        try:
+            self._fd = os.open('/proc/thread-self/schedstat', os.O_RDONLY)
+        except (OSError, AttributeError):
+            self._fd = None
+
+    def __call__(self):
+        if self._fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) * 1e-9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+
 def alive(pid):
     """False once ``pid`` has exited (a zombie counts as exited)."""
     try:
@@ -156,6 +183,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
     buffer_id = -1
     slots = {}
     done = 0
+    run_queue = RunQueueClock()
     while max_tasks is None or done < max_tasks:
         try:
             message = conn.recv()
@@ -184,6 +212,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         task = wire.decode_task(message)
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
         started = time.perf_counter()
+        queued = run_queue()
         if task.cuts:
             parts = []
             for a, b in wire.segments(task):
@@ -201,8 +230,9 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                 None else converted.ConverterSink(whole, layout, converter),
                 batched)
         try:
-            wire.send_result(conn, task, metas, error,
-                             time.perf_counter() - started)
+            queued = run_queue() - queued
+            wire.send_result(conn, task, metas, error, max(
+                0.0, time.perf_counter() - started - queued), queued)
         except (BrokenPipeError, EOFError, ConnectionResetError):
             return
         done += 1
