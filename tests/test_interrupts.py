@@ -17,12 +17,14 @@ import os
 import random
 import signal
 import threading
+import time
 
 import pytest
 
 from chainiter import (
     MultiprocessIterator, MultithreadIterator, SerialIterator, concat_examples)
-from chainiter.iterators.multiprocess.shm import SharedBuffer, uninterrupted
+from chainiter._interrupts import uninterrupted
+from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 from helpers import (
     START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)
@@ -179,3 +181,86 @@ def test_a_ctrl_c_just_after_a_buffer_closes_its_descriptor(monkeypatch):
         signal.signal(signal.SIGINT, previous)
     assert len(closed) == 1 and fd == -1
     assert shared.buffer is None
+
+
+class _SlowAugmented(AugmentedDataset):
+    """AugmentedDataset's examples, each costing 1 ms: batches are in
+    flight while the iterator resets or loads a snapshot."""
+
+    def __getitem__(self, i):
+        time.sleep(0.001)          # the cost of loading, not a wait
+        return super().__getitem__(i)
+
+
+def _inside(frame, iterator, names):
+    while frame is not None:
+        if frame.f_code.co_name in names and \
+                frame.f_locals.get('self') is iterator:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize('kind', ['mp-' + m for m in START_METHODS])
+def test_interrupts_inside_reset_and_snapshot_loads(kind):
+    """A Ctrl-C inside reset() or a snapshot's load leaves the iterator
+    either as it was or reset (loaded): never half of it, never waiting
+    for batches it dropped, never handing out another batch's arrays."""
+    dataset = _SlowAugmented(23)
+    counts = {'raised': 0}
+    target = []
+
+    def handler(signum, frame):
+        if target and _inside(frame, target[0], ('reset', 'load_state_dict')):
+            counts['raised'] += 1
+            raise KeyboardInterrupt
+
+    stop = threading.Event()
+    main = threading.main_thread().ident
+    rng = random.Random(1)
+
+    def fire():
+        while not stop.wait(rng.uniform(0, 0.001)):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    def convert(batch):
+        return concat_examples(batch) if kind.startswith('mp-default') \
+            else batch
+
+    files = shm_files()
+    previous = signal.signal(signal.SIGINT, handler)
+    firing = threading.Thread(target=fire, daemon=True)
+    try:
+        with KINDS[kind](dataset, 5, seed=8) as it, \
+                SerialIterator(dataset, 5, seed=8) as ref:
+            target.append(it)
+            firing.start()
+            step = 0
+            while step < 40 or (counts['raised'] < 10 and step < 2000):
+                step += 1
+                before = it.state_dict()
+                try:
+                    if step % 2:
+                        it.reset()
+                    else:
+                        it.load_state_dict(before)
+                except KeyboardInterrupt:
+                    pass
+                after = it.state_dict()
+                if step % 2 and after != before:
+                    # Reset after all: all of it.
+                    assert after['reset_count'] == \
+                        before['reset_count'] + 1, (before, after)
+                    assert after['current_position'] == 0
+                    ref.reset()
+                else:
+                    assert after == before
+                assert fingerprint(next(it)) == \
+                    fingerprint(convert(next(ref))), (step, counts)
+            stop.set()
+            firing.join(10)
+    finally:
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+    assert counts['raised'] >= 10, counts
+    assert shm_files() <= files

@@ -23,6 +23,7 @@ import time
 import numpy
 
 from chainiter import _chainer_compat, _context
+from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError,
     IteratorFinalizedError,
@@ -300,10 +301,14 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     def _rewind(self):
         """Drop the batches dispatched ahead; the next batch is loaded anew
-        from the adopted state."""
-        self._drop_pending()
-        self._ahead = self._state
-        self._restore_sampler(self._state.sampler_state)
+        from the adopted state.  (Stale until done: an interrupt that cuts
+        it short, in ``reset()`` or a snapshot's load too, leaves the next
+        ``next()`` to rewind.)"""
+        self._stale = True
+        with uninterrupted():
+            self._drop_pending()
+            self._ahead = self._state
+            self._restore_sampler(self._state.sampler_state)
         self._stale = False
 
     def _dispatch_until(self, count):
@@ -405,17 +410,20 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         """
         self._check_alive()
         self._rewind()
-        self._resets += 1
-        self._state = self._ahead = self._initial_state()
+        with uninterrupted():    # all of it or nothing
+            self._resets += 1
+            self._state = self._ahead = self._initial_state()
 
     def _synchronize(self, seed):
         """Start over at epoch 0 with ``seed`` (the one every rank got
         from rank 0: ``create_synchronized_iterator``)."""
         self._check_alive()
-        self._drop_pending()    # the order sampler may be a new one
-        self._seed = order_samplers.check_seed(seed)
-        self._resets = 0
-        self._state = self._ahead = self._initial_state()
+        self._stale = True
+        with uninterrupted():
+            self._drop_pending()    # the order sampler may be a new one
+            self._seed = order_samplers.check_seed(seed)
+            self._resets = 0
+            self._state = self._ahead = self._initial_state()
 
     def finalize(self):
         self._finalized = True
@@ -635,13 +643,16 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     'the snapshot\'s order is not the one its seed gives for '
                     'epoch {}; the snapshot is corrupt'.format(epoch))
             order = derived
-        # Everything fits: adopt it.
-        self._drop_pending()
-        if seed is not None:
-            self._seed = seed
-        self._resets = resets
-        self._state = self._ahead = _state.IteratorState(
-            position, epoch, is_new_epoch, order, previous, sampler_state)
+        # Everything fits: adopt it, all of it or nothing.
+        self._stale = True
+        with uninterrupted():
+            self._drop_pending()
+            if seed is not None:
+                self._seed = seed
+            self._resets = resets
+            self._state = self._ahead = _state.IteratorState(
+                position, epoch, is_new_epoch, order, previous,
+                sampler_state)
 
     def _check_shard_fields(self, read):
         """A snapshot of a sharded iterator loads on any number of ranks

@@ -185,7 +185,8 @@ class MultiprocessIterator(DatasetIterator):
     ``prefetch``, the depth in use; ``batches_per_task``, how many
     batches a worker loads as one (small batches of equal structure,
     stacked by ``concat_examples``, go in groups that take a worker about
-    ``GROUP_S`` seconds, chosen once after ``GROUP_AFTER`` batches, and
+    ``GROUP_S`` seconds, chosen after ``GROUP_AFTER`` batches and grown
+    once if measured again after ``REGROUP_AFTER`` more allows, and
     from then on one by one again once a group fails or its batches differ
     in shape or dtype); ``ready``, batches loaded and waiting
     in order; ``worker_busy``, the fraction of the workers' time spent
@@ -330,6 +331,7 @@ class MultiprocessIterator(DatasetIterator):
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
+        self._tuned = True
         if self.n_prefetch is not None:
             return
         n = self.n_processes
@@ -359,6 +361,7 @@ class MultiprocessIterator(DatasetIterator):
         self._finalizer = None
         self._by_copy = 0           # for stats: batches that came by copy
         self._prefetch_depth = self._first_depth  # measured again
+        self._tuned = False         # from the first batch's slot
         self._group = 1             # batches loaded as one
         self._group_mark = None     # (batches measured, load_s, ...)
         self._groupable = self._may_group
@@ -422,6 +425,10 @@ class MultiprocessIterator(DatasetIterator):
         super()._drop_pending()
 
     def _collect(self, handle):
+        if not self._tuned and self._pool.slots.layout is not None:
+            # A Ctrl-C cut the first batch short after its buffers were
+            # made and before the depth was tuned.
+            self._tune_depth(self._pool.slots.layout.slot_bytes)
         if type(handle) is _Member:
             return self._collect_member(handle)
         batch, chunks, error = self._wait(handle)
@@ -490,7 +497,7 @@ class MultiprocessIterator(DatasetIterator):
         if count < self.GROUP_AFTER or size != first or \
                 book.loaded <= loaded:     # no result measured since
             return
-        self._groupable = False       # chosen once
+        self._groupable = False       # chosen once (grown once)
         self._choose_group((book.load_s - load_s) /
                            (book.loaded - loaded) * size)
 

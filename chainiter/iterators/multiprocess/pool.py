@@ -16,6 +16,7 @@ import time
 import threading
 import warnings
 
+from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError,
     IteratorFinalizedError,
@@ -28,7 +29,6 @@ from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
-from chainiter.iterators.multiprocess.shm import uninterrupted
 from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.

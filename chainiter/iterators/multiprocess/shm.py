@@ -19,7 +19,6 @@ import ctypes
 import errno
 import mmap
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -28,6 +27,7 @@ import weakref
 
 import numpy
 
+from chainiter._interrupts import uninterrupted
 from chainiter.errors import SharedMemoryWarning
 
 _SHM_DIR = '/dev/shm'
@@ -35,59 +35,6 @@ _SHM_DIR = '/dev/shm'
 # mmap's flag that maps every page at once (Linux; Python 3.10 names it).
 _MAP_POPULATE = getattr(mmap, 'MAP_POPULATE',
                         0x8000 if sys.platform.startswith('linux') else 0)
-
-
-try:
-    import _signal as _sig     # signal's C module: no enum conversions
-except ImportError:            # pragma: no cover
-    _sig = signal
-
-
-def _hold(signum, frame):
-    uninterrupted.held = True
-
-
-class uninterrupted:
-    """``with uninterrupted():`` holds back a Ctrl-C in the main thread
-    while shared state changes hands: a KeyboardInterrupt between closing
-    a descriptor and forgetting its number would have it closed again
-    later, when the number may be another file's; one between recording a
-    task for a worker and sending it would leave the task recorded for
-    good.  The SIGINT handler runs at the end of the block instead.
-
-    The handler is swapped for one that only notes the signal (about a
-    microsecond): blocking SIGINT in this thread would not do, since
-    Python runs the handler in the main thread whichever thread the kernel
-    gave the signal to.  Nested blocks, other threads, and handlers not
-    set from Python (which raise nothing) are left as they are.
-    """
-
-    __slots__ = ('_handler',)
-    held = False
-
-    def __enter__(self):
-        self._handler = None
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        handler = _sig.getsignal(signal.SIGINT)
-        if handler is _hold or not callable(handler):
-            return self
-        uninterrupted.held = False
-        # Until this returns, an interrupt raises here, before the block;
-        # from then on, the handler is _hold.
-        _sig.signal(signal.SIGINT, _hold)
-        self._handler = handler
-        return self
-
-    def __exit__(self, *exc):
-        handler = self._handler
-        if handler is not None:
-            self._handler = None
-            _sig.signal(signal.SIGINT, handler)
-            if uninterrupted.held:
-                uninterrupted.held = False
-                _sig.raise_signal(signal.SIGINT)    # the handler runs now
-        return False
 
 
 def _free_bytes(directory):

@@ -26,7 +26,8 @@ import os
 import weakref
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
-from chainiter.iterators.multiprocess.shm import SharedBuffer, uninterrupted
+from chainiter._interrupts import uninterrupted
+from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 
