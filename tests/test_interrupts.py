@@ -154,6 +154,39 @@ def test_an_interrupt_waits_for_the_end_of_an_uninterrupted_block():
         signal.signal(signal.SIGINT, previous)
 
 
+def test_an_interrupt_held_back_is_not_seen_twice_through_a_wakeup_fd():
+    # asyncio's add_signal_handler() reads signals from a wakeup fd: one
+    # Ctrl-C inside a block must write it one byte, as outside.
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.signal(signal.SIGINT, lambda s, f: None)
+    old_fd = signal.set_wakeup_fd(w)
+    try:
+        with uninterrupted():
+            signal.raise_signal(signal.SIGINT)
+        assert os.read(r, 16) == bytes([signal.SIGINT])
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGINT, previous)
+        os.close(r)
+        os.close(w)
+
+
+def test_a_process_forked_inside_a_block_handles_ctrl_c():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with uninterrupted():
+            pid = os.fork()
+            if pid == 0:        # the child: its handler is the user's
+                os._exit(0 if signal.getsignal(signal.SIGINT) is
+                         signal.default_int_handler else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_ctrl_c_just_after_a_buffer_closes_its_descriptor(monkeypatch):
     """A Ctrl-C that lands as soon as ``os.close`` returns leaves the
     buffer released: its descriptor is closed once, never again (by then

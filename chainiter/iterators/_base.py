@@ -23,7 +23,6 @@ import time
 import numpy
 
 from chainiter import _chainer_compat, _context
-from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError,
     IteratorFinalizedError,
@@ -257,7 +256,9 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     # ---- state -----------------------------------------------------------
 
-    def _initial_state(self):
+    def _initial_state(self, resets=None, seed=None):
+        """The state at epoch 0 of the pass after ``resets`` resets with
+        ``seed`` (default: the iterator's)."""
         n = len(self.dataset)
         if self.order_sampler is not None:
             order = _state.check_order(
@@ -265,13 +266,17 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             return _state.IteratorState(0, 0, False, order,
                                         sampler_state=self._capture_sampler())
         if self._shuffle:
-            return _state.IteratorState(0, 0, False, self._seeded(0))
+            return _state.IteratorState(0, 0, False, self._seeded(
+                0, order_samplers.pass_seed(
+                    self._seed if seed is None else seed,
+                    self._resets if resets is None else resets)))
         return _state.IteratorState(0, 0, False, None)
 
-    def _seeded(self, epoch):
+    def _seeded(self, epoch, pass_seed=None):
         # The last few are kept: a batch loaded again after an interrupt
         # or a snapshot finds its order's indices already computed.
-        key = (self._pass_seed, epoch, len(self.dataset))
+        key = (self._pass_seed if pass_seed is None else pass_seed, epoch,
+               len(self.dataset))
         orders = self._orders
         order = orders.get(key)
         if order is None:
@@ -305,10 +310,9 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         it short, in ``reset()`` or a snapshot's load too, leaves the next
         ``next()`` to rewind.)"""
         self._stale = True
-        with uninterrupted():
-            self._drop_pending()
-            self._ahead = self._state
-            self._restore_sampler(self._state.sampler_state)
+        self._drop_pending()
+        self._ahead = self._state
+        self._restore_sampler(self._state.sampler_state)
         self._stale = False
 
     def _dispatch_until(self, count):
@@ -410,20 +414,22 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         """
         self._check_alive()
         self._rewind()
-        with uninterrupted():    # all of it or nothing
-            self._resets += 1
-            self._state = self._ahead = self._initial_state()
+        resets = self._resets + 1
+        state = self._initial_state(resets)
+        # All of it or nothing (no call between the stores, so no signal
+        # handler runs there).
+        self._resets, self._state, self._ahead = resets, state, state
 
     def _synchronize(self, seed):
         """Start over at epoch 0 with ``seed`` (the one every rank got
         from rank 0: ``create_synchronized_iterator``)."""
         self._check_alive()
         self._stale = True
-        with uninterrupted():
-            self._drop_pending()    # the order sampler may be a new one
-            self._seed = order_samplers.check_seed(seed)
-            self._resets = 0
-            self._state = self._ahead = self._initial_state()
+        self._drop_pending()    # the order sampler may be a new one
+        seed = order_samplers.check_seed(seed)
+        state = self._initial_state(0, seed)
+        self._seed, self._resets, self._state, self._ahead = \
+            seed, 0, state, state
 
     def finalize(self):
         self._finalized = True
@@ -611,6 +617,10 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             else:
                 previous = _state.NO_PREVIOUS_EPOCH_DETAIL
         sampler_state = None
+        # From here the order sampler may hold the snapshot's state, and
+        # an interrupt leave it there: the next next() restores it from
+        # the state in force.
+        self._stale = True
         if getattr(self.order_sampler, 'serialize', None) is not None:
             before = self._capture_sampler()
             try:
@@ -643,16 +653,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     'the snapshot\'s order is not the one its seed gives for '
                     'epoch {}; the snapshot is corrupt'.format(epoch))
             order = derived
-        # Everything fits: adopt it, all of it or nothing.
-        self._stale = True
-        with uninterrupted():
-            self._drop_pending()
-            if seed is not None:
-                self._seed = seed
-            self._resets = resets
-            self._state = self._ahead = _state.IteratorState(
-                position, epoch, is_new_epoch, order, previous,
-                sampler_state)
+        # Everything fits: adopt it, all of it or nothing (no call between
+        # the stores).
+        self._drop_pending()
+        state = _state.IteratorState(position, epoch, is_new_epoch, order,
+                                     previous, sampler_state)
+        self._seed, self._resets, self._state, self._ahead = \
+            self._seed if seed is None else seed, resets, state, state
 
     def _check_shard_fields(self, read):
         """A snapshot of a sharded iterator loads on any number of ranks

@@ -16,6 +16,7 @@ import weakref
 
 import numpy
 
+from chainiter._interrupts import uninterrupted
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
     ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
@@ -191,8 +192,7 @@ class MultiprocessIterator(DatasetIterator):
     in shape or dtype); ``ready``, batches loaded and waiting
     in order; ``worker_busy``, the fraction of the workers' time spent
     loading (``dataset[i]`` and writing to shared memory, as the workers
-    time each chunk, less the time they waited for a CPU) since the timed
-    window began (None before).
+    time each chunk) since the timed window began (None before).
     """
 
     PREFETCH_BYTES = 256 * 2 ** 20
@@ -314,7 +314,7 @@ class MultiprocessIterator(DatasetIterator):
     def _stats_window_started(self):
         pool = self._pool
         self._busy_mark = (id(pool), 0.0 if pool is None else
-                           pool.book.load_s)
+                           pool.book.load_s + pool.book.queued_s)
 
     def _worker_busy(self):
         pool, since = self._pool, self._timing.since
@@ -326,13 +326,13 @@ class MultiprocessIterator(DatasetIterator):
             loaded = 0.0
         if span <= 0:
             return None
-        return min(1.0, (pool.book.load_s - loaded) /
+        return min(1.0, (pool.book.load_s + pool.book.queued_s - loaded) /
                    (self.n_processes * span))
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
-        self._tuned = True
         if self.n_prefetch is not None:
+            self._tuned = True
             return
         n = self.n_processes
         group = self._group
@@ -350,8 +350,9 @@ class MultiprocessIterator(DatasetIterator):
             depth = max(1, min(depth, (room - _SPARE_DESCRIPTORS) // 4 - 2))
         if depth * self._group != self._prefetch_depth:
             # The pool counts groups, the iterator batches.
-            self._prefetch_depth = depth * self._group
             self._pool.set_depth(depth)
+            self._prefetch_depth = depth * self._group
+        self._tuned = True      # last: an interrupt before has it tuned again
 
     def _start_transport(self):
         # The workers start with the first batch (at once when built, at
@@ -516,16 +517,19 @@ class MultiprocessIterator(DatasetIterator):
         group = min(group, fits, self.MAX_GROUP)
         if group < max(2, 1.5 * self._group):
             return
-        if self._group == 1:
-            self._regroup = (0, None, None)
-        try:
-            self._pool.use_layout(stacked_layout.resized(
-                layout, group * self.batch_size))
-        except MemoryError:
-            return
-        self._pool.slots.batch_size = group * self.batch_size
-        self._group = group
-        self._tune_depth(self._pool.slots.layout.slot_bytes)
+        # All of it or nothing: buffers of K batches' rows with the slots
+        # still sized for one would be grown too small.
+        with uninterrupted():
+            try:
+                self._pool.use_layout(stacked_layout.resized(
+                    layout, group * self.batch_size))
+            except MemoryError:
+                return
+            if self._group == 1:
+                self._regroup = (0, None, None)
+            self._pool.slots.batch_size = group * self.batch_size
+            self._group = group
+            self._tune_depth(self._pool.slots.layout.slot_bytes)
 
     def _submit(self, step):
         if self._pool is None:

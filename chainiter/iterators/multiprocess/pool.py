@@ -157,7 +157,8 @@ class Pool:
     def submit(self, step, seed, cuts=()):
         # Uninterrupted: a Ctrl-C between recording a task and sending it
         # would leave it held by its worker for good (and its slot busy).
-        with uninterrupted(), self.lock:
+        # The wait for the lock stays interruptible.
+        with self.lock, uninterrupted():
             book = self.book
             slot = self._free_slot()
             buffers = self.slots.buffers if slot is not None else None
@@ -247,7 +248,7 @@ class Pool:
 
     def new_generation(self):
         """Drop every batch in flight (their results are ignored)."""
-        with uninterrupted(), self.lock:
+        with self.lock, uninterrupted():
             if self._touched is not None:
                 # An exception interrupted a send: that worker finishes
                 # what it has, then exits; a new one takes over.
