@@ -43,9 +43,11 @@ class uninterrupted:
     The handler is swapped for one that only notes the signal (about a
     microsecond): blocking SIGINT in this thread would not do, since
     Python runs the handler in the main thread whichever thread the kernel
-    gave the signal to.  Nested blocks, other threads, and SIG_IGN, SIG_DFL
-    or a handler Python does not know of are left as they are.  Keep the
-    blocks short and free of the user's code: a Ctrl-C cannot break them.
+    gave the signal to.  Nested blocks, other threads, SIG_IGN, SIG_DFL and
+    handlers that ``signal.getsignal`` reports as None are left as they
+    are (a handler that C code installed behind Python's back, which
+    getsignal cannot see, is replaced for the block).  Keep the blocks
+    short and free of the user's code: a Ctrl-C cannot break them.
     """
 
     __slots__ = ('_handler',)
