@@ -11,6 +11,7 @@ kinds use the default depth with small batches joined in groups early on,
 so interrupts also land while buffers are replaced and released.
 """
 
+import contextlib
 import functools
 import gc
 import os
@@ -52,10 +53,10 @@ MIN_BATCHES = 150
 MAX_BATCHES = 100000
 
 
-def _inside_next(frame, iterator):
-    """Inside ``iterator.__next__``, and not in a finalizer that garbage
-    collection runs there (Python reports an exception raised in one as
-    ignored, whoever's it is)."""
+def _inside(frame, iterator, names=('__next__',)):
+    """Inside one of ``names``, methods of ``iterator``, and not in a
+    finalizer that garbage collection runs there (Python reports an
+    exception raised in one as ignored, whoever's it is)."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == '__del__' or code.co_filename.endswith((
@@ -63,60 +64,70 @@ def _inside_next(frame, iterator):
                 or (code.co_name == '__call__' and code.co_filename.endswith(
                     os.path.join('multiprocessing', 'util.py'))):
             return False
-        if code.co_name == '__next__' and \
-                frame.f_locals.get('self') is iterator:
+        if code.co_name in names and frame.f_locals.get('self') is iterator:
             return True
         frame = frame.f_back
     return False
 
 
-@pytest.mark.parametrize('kind', list(KINDS))
-def test_interrupts_inside_next_lose_no_batch(kind):
-    dataset = AugmentedDataset(23)
+@contextlib.contextmanager
+def _sigint_storm(names, seed, max_gap):
+    """A thread sends SIGINT to the main thread every 0 to ``max_gap``
+    seconds; the handler raises KeyboardInterrupt where the main thread is
+    inside one of ``names`` of the iterator put in ``target``.  Yields
+    ``(counts, target)``; ``counts['raised']`` counts those raised."""
     counts = {'raised': 0, 'outside': 0}
     target = []
 
     def handler(signum, frame):
-        if target and _inside_next(frame, target[0]):
+        if target and _inside(frame, target[0], names):
             counts['raised'] += 1
             raise KeyboardInterrupt
         counts['outside'] += 1
 
     stop = threading.Event()
     main = threading.main_thread().ident
-    rng = random.Random(0)
+    rng = random.Random(seed)
 
     def fire():
-        while not stop.wait(rng.uniform(0, 0.002)):
+        while not stop.wait(rng.uniform(0, max_gap)):
             signal.pthread_kill(main, signal.SIGINT)
 
-    files = shm_files()
-    buffers = mapped_buffers()
     previous = signal.signal(signal.SIGINT, handler)
     firing = threading.Thread(target=fire, daemon=True)
-    batches = 0
+    firing.start()
     try:
-        with KINDS[kind](dataset, 5, seed=8) as it, \
-                SerialIterator(dataset, 5, seed=8) as ref:
-            target.append(it)
-            firing.start()
-            # At least MIN_BATCHES, and on until 30 interrupts landed.
-            while batches < MIN_BATCHES or (
-                    counts['raised'] < 30 and batches < MAX_BATCHES):
-                try:
-                    got = fingerprint(next(it))
-                except KeyboardInterrupt:
-                    continue
-                want = next(ref)
-                if kind.startswith('mp-default'):
-                    want = concat_examples(want)
-                assert got == fingerprint(want), (batches, counts)
-                batches += 1
-            stop.set()
-            firing.join(10)
+        yield counts, target
+        stop.set()
+        firing.join(10)
     finally:
         stop.set()
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize('kind', list(KINDS))
+def test_interrupts_inside_next_lose_no_batch(kind):
+    dataset = AugmentedDataset(23)
+    files = shm_files()
+    buffers = mapped_buffers()
+    batches = 0
+    with _sigint_storm(('__next__',), 0, 0.002) as (counts, target), \
+            KINDS[kind](dataset, 5, seed=8) as it, \
+            SerialIterator(dataset, 5, seed=8) as ref:
+        target.append(it)
+        # At least MIN_BATCHES, and on until 30 interrupts landed.
+        while batches < MIN_BATCHES or (
+                counts['raised'] < 30 and batches < MAX_BATCHES):
+            try:
+                got = fingerprint(next(it))
+            except KeyboardInterrupt:
+                continue
+            want = next(ref)
+            if kind.startswith('mp-default'):
+                want = concat_examples(want)
+            assert got == fingerprint(want), (batches, counts)
+            batches += 1
+        target.clear()          # the storm goes on while the with ends
     assert counts['raised'] >= 30, counts      # it was really interrupted
     assert shm_files() <= files                 # no file left behind
     gc.collect()
@@ -225,75 +236,40 @@ class _SlowAugmented(AugmentedDataset):
         return super().__getitem__(i)
 
 
-def _inside(frame, iterator, names):
-    while frame is not None:
-        if frame.f_code.co_name in names and \
-                frame.f_locals.get('self') is iterator:
-            return True
-        frame = frame.f_back
-    return False
-
-
 @pytest.mark.parametrize('kind', ['mp-' + m for m in START_METHODS])
 def test_interrupts_inside_reset_and_snapshot_loads(kind):
     """A Ctrl-C inside reset() or a snapshot's load leaves the iterator
     either as it was or reset (loaded): never half of it, never waiting
     for batches it dropped, never handing out another batch's arrays."""
     dataset = _SlowAugmented(23)
-    counts = {'raised': 0}
-    target = []
-
-    def handler(signum, frame):
-        if target and _inside(frame, target[0], ('reset', 'load_state_dict')):
-            counts['raised'] += 1
-            raise KeyboardInterrupt
-
-    stop = threading.Event()
-    main = threading.main_thread().ident
-    rng = random.Random(1)
-
-    def fire():
-        while not stop.wait(rng.uniform(0, 0.001)):
-            signal.pthread_kill(main, signal.SIGINT)
-
-    def convert(batch):
-        return concat_examples(batch) if kind.startswith('mp-default') \
-            else batch
-
     files = shm_files()
-    previous = signal.signal(signal.SIGINT, handler)
-    firing = threading.Thread(target=fire, daemon=True)
-    try:
-        with KINDS[kind](dataset, 5, seed=8) as it, \
-                SerialIterator(dataset, 5, seed=8) as ref:
-            target.append(it)
-            firing.start()
-            step = 0
-            while step < 40 or (counts['raised'] < 10 and step < 2000):
-                step += 1
-                before = it.state_dict()
-                try:
-                    if step % 2:
-                        it.reset()
-                    else:
-                        it.load_state_dict(before)
-                except KeyboardInterrupt:
-                    pass
-                after = it.state_dict()
-                if step % 2 and after != before:
-                    # Reset after all: all of it.
-                    assert after['reset_count'] == \
-                        before['reset_count'] + 1, (before, after)
-                    assert after['current_position'] == 0
-                    ref.reset()
+    with _sigint_storm(('reset', 'load_state_dict'), 1, 0.001) as (
+            counts, target), \
+            KINDS[kind](dataset, 5, seed=8) as it, \
+            SerialIterator(dataset, 5, seed=8) as ref:
+        target.append(it)
+        step = 0
+        while step < 40 or (counts['raised'] < 10 and step < 2000):
+            step += 1
+            before = it.state_dict()
+            try:
+                if step % 2:
+                    it.reset()
                 else:
-                    assert after == before
-                assert fingerprint(next(it)) == \
-                    fingerprint(convert(next(ref))), (step, counts)
-            stop.set()
-            firing.join(10)
-    finally:
-        stop.set()
-        signal.signal(signal.SIGINT, previous)
+                    it.load_state_dict(before)
+            except KeyboardInterrupt:
+                pass
+            after = it.state_dict()
+            if step % 2 and after != before:
+                # Reset after all: all of it.
+                assert after['reset_count'] == \
+                    before['reset_count'] + 1, (before, after)
+                assert after['current_position'] == 0
+                ref.reset()
+            else:
+                assert after == before
+            assert fingerprint(next(it)) == fingerprint(next(ref)), \
+                (step, counts)
+        target.clear()
     assert counts['raised'] >= 10, counts
     assert shm_files() <= files

@@ -209,7 +209,7 @@ class SharedBuffer:
     def release(self):
         """Close the descriptor and the mapping now (no more hand-outs will
         come from it).  Arrays that still view it keep the memory valid:
-        the mapping then goes with the last of them.  Again, it does
+        the mapping then goes with the last of them.  Called again, it does
         nothing."""
         with uninterrupted():
             self.close()
