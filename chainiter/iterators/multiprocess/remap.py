@@ -106,22 +106,26 @@ def movable(array):
     return address, array.nbytes
 
 
-def copy_in(address, nbytes, target, fd, offset):
-    """Copy the ``nbytes`` bytes at ``address`` to ``target`` (a mapping
-    of file ``fd`` at file offset ``offset``, which is ``address`` modulo
-    the page size) and move their whole pages there (``adopt``), a step at
-    a time.  The pages moved are registered under their start (``pages``)
-    as they move, for ``give_back``; when moving fails the rest is only
-    copied."""
+def copy_in(address, nbytes, fd, offset):
+    """Copy the ``nbytes`` bytes at ``address`` into file ``fd`` at offset
+    ``offset`` (which is ``address`` modulo the page size) and move their
+    whole pages there (``adopt``), a step at a time.  The pages moved are
+    registered under their start (``pages``) as they move, for
+    ``give_back``; when moving fails the rest is only copied.  Raises
+    OSError when the file cannot take the bytes.
+
+    The bytes go in with ``pwrite``, not through a mapping of the file:
+    the kernel then copies into the file's pages without a page fault
+    for each (half the time, measured for 1 GiB in ``/dev/shm``)."""
     start, length = pages(address, nbytes)
     done = min(start - address, nbytes)          # bytes copied
-    ctypes.memmove(target, address, done)
+    write_at(fd, address, done, offset)
     moved = 0
     with _lock:
         try:
             while moved < length:
                 step = min(STEP_BYTES, length - moved)
-                ctypes.memmove(target + done, address + done, step)
+                write_at(fd, address + done, step, offset + done)
                 done += step
                 # Registered first: an interrupt leaves no moved page
                 # unregistered (giving back a page not moved is harmless).
@@ -133,7 +137,21 @@ def copy_in(address, nbytes, target, fd, offset):
                 _moved[start] = moved
             else:
                 _moved.pop(start, None)
-    ctypes.memmove(target + done, address + done, nbytes - done)
+    write_at(fd, address + done, nbytes - done, offset + done)
+
+
+def write_at(fd, address, nbytes, offset):
+    """``pwrite`` the ``nbytes`` bytes at ``address`` to file ``fd`` at
+    ``offset``, all of them.  Raises OSError."""
+    while nbytes > 0:
+        step = min(nbytes, STEP_BYTES)
+        n = os.pwrite(fd, (ctypes.c_char * step).from_address(address),
+                      offset)
+        if n <= 0:
+            raise OSError('pwrite wrote nothing')
+        address += n
+        offset += n
+        nbytes -= n
 
 
 def adopt(start, length, fd, offset):

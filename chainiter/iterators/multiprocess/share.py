@@ -423,8 +423,7 @@ class ArrayShare:
         # Recorded first: whatever moves is given back at release.
         self._moved.append((shared, start, where.offset + start - address,
                             array))
-        remap.copy_in(address, nbytes, shared.region()[0] + where.offset,
-                      shared.fd, where.offset)
+        remap.copy_in(address, nbytes, shared.fd, where.offset)
 
     def _give_back(self, block=None):
         """The moved pages (of ``block``, or all) private again."""
