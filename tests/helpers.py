@@ -675,6 +675,29 @@ def shared_mapping_of(array):
     return None
 
 
+class ReadsArrayWhenUnpickled:
+    """A ``mib`` MiB array that ``__setstate__`` reads whole (as a dataset
+    that computes statistics when a worker unpickles it); every example
+    is the sum it found."""
+
+    def __init__(self, mib):
+        self.data = numpy.arange(mib * 2 ** 20 // 8, dtype=numpy.float64)
+        self.total = float(self.data.sum())
+
+    def __getstate__(self):
+        return {'data': self.data}
+
+    def __setstate__(self, state):
+        self.data = state['data']
+        self.total = float(self.data.sum())
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.total
+
+
 class BigArrays:
     """A 4 MiB array (reached twice: as ``big`` and ``alias``), a
     Fortran-ordered and a non-contiguous 2 MiB array, and a small one.

@@ -72,6 +72,22 @@ def test_writing_in_the_worker_raises(method):
                              'assignment destination is read-only')}
 
 
+def test_workers_read_the_arrays_only_once_they_are_copied(method):
+    # The first workers start while the arrays are being copied into
+    # shared memory; a dataset that reads them as it is unpickled must
+    # still see every value (a forkserver worker starts in milliseconds,
+    # the copy of 1 GiB half a second: without the wait both spawn and
+    # forkserver fail here).
+    if method == 'fork':
+        pytest.skip('forked workers share the memory: nothing is copied')
+    dataset = helpers.ReadsArrayWhenUnpickled(1024)
+    with MultiprocessIterator(dataset, 4, n_processes=2,
+                              start_method=method) as it:
+        seen = next(it) + next(it)
+    assert seen == [dataset.total] * 8
+    assert not shm_files()
+
+
 @pytest.mark.parametrize('how', ['finalize', 'with', 'gc'])
 def test_nothing_left_behind(method, how):
     files, buffers = shm_files(), mapped_buffers()
@@ -465,3 +481,56 @@ def test_pages_that_cannot_go_back_keep_their_values():
                           capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == 'ok'
+
+
+SMALL_SHM_SCRIPT = '''
+import sys, warnings
+sys.path.insert(0, {tests!r})
+import chainiter, helpers
+
+
+def main():
+    dataset = helpers.ReadsArrayWhenUnpickled(4)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 4, n_processes=2, start_method={method!r}) as it:
+            seen = next(it) + next(it)
+    print('OK' if seen == [dataset.total] * 8 else 'WRONG', seen)
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_arrays_go_to_the_temporary_directory_when_dev_shm_is_small(
+        method, tmp_path):
+    # /dev/shm of 1 MiB cannot take the 4 MiB array: its block goes to
+    # TMPDIR, with a warning that says so, and the workers see the values.
+    import subprocess
+    import sys
+    if method == 'fork':
+        pytest.skip('forked workers share the memory: no block')
+    probe = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size=1M tmpfs /dev/shm'], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip('cannot make a private /dev/shm here')
+    script = tmp_path / 'script.py'
+    script.write_text(SMALL_SHM_SCRIPT.format(
+        tests=os.path.dirname(__file__), method=method))
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    out = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size=1M tmpfs /dev/shm && TMPDIR={} {} {}'
+         .format(tmp, sys.executable, script)],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'OK' in out.stdout, out.stdout + out.stderr
+    assert 'WARNING SharedMemoryWarning' in out.stdout
+    assert '/dev/shm' in out.stdout and str(tmp) in out.stdout
+    assert os.listdir(tmp) == []

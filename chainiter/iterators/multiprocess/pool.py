@@ -78,8 +78,15 @@ class Pool:
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:
+            if self.shared_arrays is not None:
+                self.shared_arrays.defer()
             for _ in range(n_workers):
                 self.start_worker()
+            # The arrays are copied into shared memory while the workers
+            # start Python; then they may read them.
+            if self.shared_arrays is not None and self.shared_arrays.fill():
+                for worker in self.workers.values():
+                    worker.outbox.put_object(('ready',))
             self.receiver.start()
         except BaseException:
             self.close()

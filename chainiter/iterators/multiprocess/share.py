@@ -19,11 +19,22 @@ large array out of the stream:
       lambda, a closure: by_value.py) ─► pickled again by _CloudPickler,
                        which sends those by value (cloudpickle)
       anything else ─► pickled as usual
-    a new block: SharedBuffer.allocate, the arrays
-    copied in, unmapped (only its descriptor kept)
+    a new block: SharedBuffer.allocate; the arrays copied in
+    (by ``fill``, after the first workers started), unmapped (only its
+    descriptor kept)
     ─► Received(bytes, {key: (size, DupFd)}) ── Process args ──► Received.load()
+                                                        (first waits for
+                                                        ('ready',) when the
+                                                        block was not filled)
                                                         blocks mapped read-only,
                                                         _Unpickler: views of them
+
+The pool's first workers are started before the arrays are copied: the
+pickle needs only where each array will be in the block, not its values.
+The copy (0.4-0.5 s a GiB) then overlaps with what a worker does before it
+needs the dataset (starting Python, importing numpy and the dataset's
+modules: 0.3-0.4 s), and the pool tells each of those workers when the
+block is filled (``defer``, ``fill``).
 
 What is taken out: every object the pickler meets whose type is exactly
 ``numpy.ndarray`` or ``numpy.memmap``, with a dtype that holds no Python
@@ -368,6 +379,7 @@ class ArrayShare:
         self._released = False
         self._lent = {}         # id(mapping) -> (key, _Lent): kept alive
         self._moved = []        # (block, start, offset, array): moved
+        self._unfilled = None   # while deferring: [(key, block, arrays)]
 
     def lend(self, mapping, fd, size):
         """The key of ``shared_empty``'s ``mapping`` among the blocks; the
@@ -377,6 +389,29 @@ class ArrayShare:
             found = self._lent[id(mapping)] = (
                 'lent-{}'.format(len(self._lent)), _Lent(size, fd, mapping))
         return found[0]
+
+    def defer(self):
+        """Until ``fill()``: a new block is made (its size is known) but
+        the arrays are not copied into it yet.  The workers it is sent to
+        must not read it before the pool tells them (``unfilled``)."""
+        with self._lock:
+            self._unfilled = []
+
+    def fill(self):
+        """Copy the arrays into the blocks made since ``defer()``; True
+        when there were any.  Stops deferring."""
+        with self._lock:
+            unfilled, self._unfilled = self._unfilled or [], None
+            for _, shared, arrays in unfilled:
+                shared.reserve()
+                self._fill(shared, arrays)
+            return bool(unfilled)
+
+    def unfilled(self, blocks):
+        """Whether some of ``blocks`` (as ``dumps`` returned them) are not
+        filled yet."""
+        with self._lock:
+            return any(key in blocks for key, _, _ in self._unfilled or ())
 
     def dumps(self, obj):
         """``(bytes, {key: SharedBuffer})``: ``obj`` pickled, and the blocks
@@ -390,16 +425,26 @@ class ArrayShare:
                             self.lend)
             self._by_value = pickler.by_value     # the next time too
             if key in pickler.used:
-                self._blocks[key] = self._fill(pickler.new, pickler.size)
+                shared = SharedBuffer.allocate(
+                    pickler.size, reserve=self._unfilled is None)
+                if self._unfilled is not None:
+                    self._unfilled.append((key, shared, pickler.new))
+                else:
+                    try:
+                        self._fill(shared, pickler.new)
+                    except BaseException:
+                        shared.release()
+                        raise
+                self._blocks[key] = shared
             self._known.update(pickler.new)
             blocks = dict(self._blocks)
             blocks.update(lent for lent in self._lent.values())
             return stream.getvalue(), {k: blocks[k] for k in pickler.used}
 
-    def _fill(self, arrays, size):
-        """A new block holding ``arrays``; only its descriptor stays open.
-        The main process's arrays that can move into it do (remap.py)."""
-        shared = SharedBuffer.allocate(size)
+    def _fill(self, shared, arrays):
+        """Copy ``arrays`` into the new block ``shared`` and unmap it (only
+        its descriptor stays open).  The main process's arrays that can
+        move into it do (remap.py); on an exception those move back."""
         try:
             for array, where in arrays.values():
                 if isinstance(where, Place):
@@ -407,9 +452,7 @@ class ArrayShare:
             shared.unmap()
         except BaseException:
             self._give_back(shared)
-            shared.release()
             raise
-        return shared
 
     def _copy(self, array, shared, where):
         # place() put it at its address modulo the page size: it can move.
@@ -464,15 +507,19 @@ class Shipped:
         data, blocks = self.share.dumps(self.obj)
         return Received, (data, {key: (shared.size,
                                        reduction.DupFd(shared.fd))
-                                 for key, shared in blocks.items()})
+                                 for key, shared in blocks.items()},
+                          self.share.unfilled(blocks))
 
 
 class Received:
-    """In the worker: the pickled object and its blocks' descriptors."""
+    """In the worker: the pickled object and its blocks' descriptors.
+    ``wait``: the blocks are being filled; the worker loads the object only
+    after the pool's ``('ready',)`` message."""
 
-    def __init__(self, data, blocks):
+    def __init__(self, data, blocks, wait=False):
         self.data = data
         self.blocks = blocks
+        self.wait = wait
 
     def load(self):
         """The object, its large arrays views of the read-only blocks."""

@@ -45,9 +45,11 @@ def _free_bytes(directory):
     return st.f_bavail * st.f_frsize
 
 
-def _create_file(directory, size):
+def _create_file(directory, size, reserve=True):
     """An unlinked file of ``size`` reserved bytes in ``directory``; raises
-    OSError(ENOSPC) when it does not fit.
+    OSError(ENOSPC) when it does not fit.  Without ``reserve`` the file
+    only has its size (its pages come with the writes) and "fits" means
+    that the file system has the bytes free now.
 
     With O_TMPFILE the file never has a name: nothing can be left behind,
     not even by an interrupt between creating and unlinking it."""
@@ -61,7 +63,12 @@ def _create_file(directory, size):
         fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
         os.unlink(name)
     try:
-        os.posix_fallocate(fd, 0, size)
+        if reserve:
+            os.posix_fallocate(fd, 0, size)
+        elif _free_bytes(directory) < size:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        else:
+            os.ftruncate(fd, size)
     except BaseException:
         os.close(fd)
         raise
@@ -140,7 +147,12 @@ class SharedBuffer:
             return True
 
     @classmethod
-    def allocate(cls, size):
+    def allocate(cls, size, reserve=True):
+        """A new buffer of ``size`` bytes, in ``/dev/shm`` or else in the
+        temporary directory.  Its pages are reserved (a full file system
+        raises here, not SIGBUS at a write), or, without ``reserve``, when
+        ``reserve()`` is called (0.25 s a GiB: after the workers started,
+        say)."""
         size = max(int(size), 1)
         directories = [_SHM_DIR, tempfile.gettempdir()]
         if not os.path.isdir(_SHM_DIR):
@@ -149,7 +161,7 @@ class SharedBuffer:
         for directory in directories:
             free = _free_bytes(directory)
             try:
-                fd = _create_file(directory, size)
+                fd = _create_file(directory, size, reserve)
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise
@@ -189,6 +201,23 @@ class SharedBuffer:
                 _size_text(size), ', '.join(
                     '{} has {} free'.format(d, _size_text(f))
                     for d, f in tried)))
+
+    def reserve(self):
+        """Reserve the pages of a buffer that ``allocate(reserve=False)``
+        made.  Raises MemoryError when the file system has no room any
+        more (then writing into the buffer would raise SIGBUS)."""
+        try:
+            os.posix_fallocate(self.fd, 0, self.size)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise MemoryError(
+                'no room for {} of shared memory in {} ({} free): it was '
+                'there a moment ago, and something else took it. Enlarge '
+                '/dev/shm (e.g. docker run --shm-size=...) or the temporary '
+                'directory (TMPDIR)'.format(
+                    _size_text(self.size), self.directory,
+                    _size_text(_free_bytes(self.directory)))) from e
 
     def close(self):
         """Close the descriptor.  The mapping stays for as long as this

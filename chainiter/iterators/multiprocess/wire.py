@@ -1,6 +1,8 @@
 """What travels between the pool and a worker, and how it is framed.
 
 To the worker (``multiprocessing.Connection`` framing, read by ``recv``):
+``('ready',)`` first, to the workers started while the dataset's arrays
+were copied into shared memory (share.py), once they are;
 ``('layout', buffer_id, Layout)``; ``('slot', buffer_id, index, size)``
 followed by the slot's file descriptor; a ``Task`` as ``encode_task`` made
 it; ``None`` to exit.  From the worker: a fixed header (generation, seq,

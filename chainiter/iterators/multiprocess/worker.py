@@ -157,6 +157,12 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         'the worker'
     try:
         if isinstance(dataset, share.Received):      # spawn, forkserver
+            if dataset.wait:        # until its arrays are in shared memory
+                try:
+                    if conn.recv() != ('ready',):
+                        raise RuntimeError('the pool sent no ready message')
+                except (EOFError, OSError):
+                    return
             dataset, worker_init_fn = dataset.load()
         dataset, converter = converted.unwrap(dataset)
         what = 'seeding the global RNGs (random, numpy, torch) failed'
@@ -191,6 +197,8 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             return
         if message is None:
             return
+        if message[0] == 'ready':     # the arrays of a dataset it had
+            continue
         if message[0] == 'layout':
             _, buffer_id, layout = message
             slots = {}
