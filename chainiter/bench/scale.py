@@ -8,14 +8,19 @@ repeats), it prints:
 - construct: building the loader;
 - boundary: the slowest ``next()`` of the 8 batches on each side of an
   epoch boundary, against the median ``next()`` there, with a 2 ms training
-  step between batches (chainiter jumps to 32 batches before the end
-  with a snapshot and takes 24 untimed, while its pipeline refills;
+  step between batches (chainiter jumps to 56 batches before the end
+  with a snapshot and takes 48 untimed, while its pipeline refills and
+  its groups are chosen;
   DataLoader starts its next epoch with ``iter()``, as its epoch loop
   does);
 - mid-epoch: the same figure for 16 batches away from the boundary, the
   control: on a shared or virtual machine a ``next()`` of 0.1 ms varies
   by 2x or more anyway (a Python loop of the same length does too), and
   a boundary that costs nothing shows the same ratio as the control;
+- less CPU waits: both ratios again with each ``next()`` less the time
+  the main thread waited for a CPU in it (Linux's schedstat run-queue
+  wait): with 2 workers on 2 cores the slowest calls are mostly those
+  waits, not the loader's work;
 - extra memory: how much the main process's RSS grew across the boundary;
 - tree PSS: the memory of the main process and its workers together, after
   the boundary;
@@ -44,7 +49,10 @@ import numpy
 BATCH = 256
 WORKERS = 2
 AROUND = 8        # batches measured on each side of the boundary
-WARM = 24         # untimed batches after a jump: the pipeline refills
+# Untimed batches after a jump: the pipeline refills, and chainiter
+# chooses its groups (after GROUP_AFTER = 32 batches: a choice that would
+# otherwise fall on the boundary).
+WARM = 48
 STEP_S = 0.002    # a training step between batches (the GPU's turn)
 
 
@@ -71,23 +79,50 @@ def _tree_pss():
     return sum(_pss_bytes(pid) for pid in _descendants(os.getpid()))
 
 
-def _timed_nexts(it, count):
+class Timed(list):
+    """Seconds of each timed ``next()``, and in ``own`` the same less the
+    time the main thread waited for a CPU meanwhile (the run-queue wait of
+    Linux's schedstat; 0 elsewhere)."""
+
+    def __init__(self):
+        super().__init__()
+        self.own = []
+
+    def __add__(self, other):
+        both = Timed()
+        both.extend(list(self) + list(other))
+        both.own = self.own + other.own
+        return both
+
+
+def _timed_nexts(it, count, first_s=None):
     """Time ``count`` calls of ``next(it)``, each after a training step, so
-    that a loader keeping up shows only its own cost in ``next()``."""
-    times = []
+    that a loader keeping up shows only its own cost in ``next()``.
+    ``first_s``: the first is already timed (it took that long)."""
+    from chainiter.iterators.multiprocess.worker import RunQueueClock
+    run_queue = RunQueueClock()
+    times = Timed()
+    if first_s is not None:
+        times.append(first_s)
+        times.own.append(first_s)
+        count -= 1
     for _ in range(count):
         time.sleep(STEP_S)
+        waited = run_queue()
         t = time.perf_counter()
         next(it)
         times.append(time.perf_counter() - t)
+        times.own.append(times[-1] - (run_queue() - waited))
     return times
 
 
 def _slowest(out, name, times):
     """The slowest of ``times`` in ``out`` as ``name_max_s`` and against
-    their median as ``name_ratio``."""
+    their median as ``name_ratio``; ``name_own_ratio``: the same less the
+    waits for a CPU."""
     out[name + '_max_s'] = max(times)
     out[name + '_ratio'] = max(times) / statistics.median(times)
+    out[name + '_own_ratio'] = max(times.own) / statistics.median(times.own)
 
 
 def measure_chainiter(n):
@@ -158,7 +193,7 @@ def measure_torch(n, stateful=False):
     t = time.perf_counter()
     it = iter(loader)
     next(it)
-    after = [time.perf_counter() - t] + _timed_nexts(it, AROUND - 1)
+    after = _timed_nexts(it, AROUND, first_s=time.perf_counter() - t)
     out['next_median_s'] = statistics.median(before + after)
     _slowest(out, 'boundary', before + after)
     out['extra_rss'] = _rss_bytes() - rss
@@ -242,6 +277,8 @@ def _format(row):
             '{} ({:.1f}x)'.format(ms('boundary_max_s'),
                                   row['boundary_ratio']),
             '{} ({:.1f}x)'.format(ms('control_max_s'), row['control_ratio']),
+            '{:.1f}x / {:.1f}x'.format(row['boundary_own_ratio'],
+                                       row['control_own_ratio']),
             ms('next_median_s'), _mib(row['extra_rss']), _mib(row['tree_pss']),
             snapshot, ms('save_s'), ms('load_s')]
 
@@ -274,6 +311,7 @@ def main(argv=None):
     loaders = _loaders(args.compare)
     header = ['loader', 'N', 'construct', 'slowest next() at the boundary '
               '(x median)', 'slowest next() mid-epoch (x median)',
+              'the same less CPU waits, boundary / mid-epoch',
               'median next()', 'extra memory', 'tree PSS',
               'snapshot', 'save', 'load']
     print(' | '.join(header))
