@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 
+import numpy
 import pytest
 
 from chainiter import (
@@ -27,6 +28,7 @@ from chainiter import (
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
+import helpers
 from helpers import (
     START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)
 
@@ -273,3 +275,44 @@ def test_interrupts_inside_reset_and_snapshot_loads(kind):
         target.clear()
     assert counts['raised'] >= 10, counts
     assert shm_files() <= files
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_a_ctrl_c_while_the_dataset_arrays_are_copied(method, monkeypatch):
+    """A Ctrl-C that lands while the arrays of a dataset are copied into
+    shared memory (the first workers are starting meanwhile) stops the
+    constructor: no worker is left, nothing in /dev/shm, the array keeps
+    its values in private memory, and a new iterator works."""
+    if method == 'fork':
+        pytest.skip('forked workers share the memory: nothing is copied')
+    from chainiter.iterators.multiprocess import remap
+    dataset = helpers.ReadsArrayWhenUnpickled(16)
+    expected = dataset.data.copy()
+    writes = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        n = real_pwrite(fd, data, offset)
+        writes.append(n)
+        if len(writes) == 2:        # the first whole step of pages
+            signal.raise_signal(signal.SIGINT)
+        return n
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        monkeypatch.setattr(os, 'pwrite', pwrite)
+        with pytest.raises(KeyboardInterrupt):
+            MultiprocessIterator(dataset, 4, n_processes=2,
+                                 start_method=method)
+        monkeypatch.undo()
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGINT, previous)
+    assert len(writes) >= 2
+    assert not helpers.worker_pids()      # joined before the raise
+    assert not remap._moved
+    assert numpy.array_equal(dataset.data, expected)
+    assert not shm_files()
+    with MultiprocessIterator(dataset, 4, n_processes=2,
+                              start_method=method) as it:
+        assert next(it) == [dataset.total] * 4

@@ -159,10 +159,14 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         if isinstance(dataset, share.Received):      # spawn, forkserver
             if dataset.wait:        # until its arrays are in shared memory
                 try:
-                    if conn.recv() != ('ready',):
-                        raise RuntimeError('the pool sent no ready message')
+                    message = conn.recv()
                 except (EOFError, OSError):
                     return
+                if message is None:     # the pool closed meanwhile
+                    return
+                if message != ('ready',):
+                    raise RuntimeError('the pool sent {!r} before its ready '
+                                       'message'.format(message))
             dataset, worker_init_fn = dataset.load()
         dataset, converter = converted.unwrap(dataset)
         what = 'seeding the global RNGs (random, numpy, torch) failed'
