@@ -529,6 +529,21 @@ def describe(value):
     return fingerprint(value)
 
 
+def no_room_init(error, flag, worker_id):
+    """A worker_init_fn (with ``functools.partial``): in the worker,
+    reserving file pages (``os.posix_fallocate``) fails with errno
+    ``error`` once the file ``flag`` exists (None: always), as on a full
+    /dev/shm."""
+    import os
+    real = os.posix_fallocate
+
+    def fallocate(fd, offset, length):
+        if flag is None or os.path.exists(flag):
+            raise OSError(error, os.strerror(error))
+        return real(fd, offset, length)
+    os.posix_fallocate = fallocate
+
+
 def failing_init(worker_id):
     raise OSError('no GPU for worker {}'.format(worker_id))
 

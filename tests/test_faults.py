@@ -1,6 +1,8 @@
 """Fault injection: every fault ends in the right batches or a clear error,
 promptly, with no process and no shared-memory file left behind."""
 
+import errno
+import functools
 import multiprocessing
 import os
 import signal
@@ -344,9 +346,15 @@ def main():
             start_method={method!r})
         ref = chainiter.SerialIterator(dataset, 4, shuffle=False)
         next(it), next(ref)
-        st = os.statvfs('/dev/shm')
-        with open('/dev/shm/filler', 'wb') as f:
-            f.write(b'x' * (st.f_bavail * st.f_frsize))
+        # All the room left, while the workers may still be reserving
+        # their slots: written until the file system refuses.
+        fd = os.open('/dev/shm/filler', os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b'x' * 4096):
+                pass
+        except OSError:
+            pass
+        os.close(fd)
         for _ in range(10):
             assert helpers.fingerprint(next(it)) == \\
                 helpers.fingerprint(next(ref))
@@ -359,6 +367,133 @@ def main():
 if __name__ == '__main__':
     main()
 '''
+
+
+SMALL_DEV_SHM_SCRIPT = '''
+import sys, warnings
+sys.path.insert(0, {tests!r})
+import chainiter, helpers
+
+
+def main():
+    # Slots of 1.5 MiB, 6 of them, in a /dev/shm of 4 MiB (as Docker's
+    # 64 MiB for batches of 38 MB): the slots that do not fit go to TMPDIR,
+    # although none has taken its room yet when the next is made.
+    dataset = helpers.Big(96, sizes=[49152])
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        it = chainiter.MultiprocessIterator(
+            dataset, 4, n_processes=2, n_prefetch=4, seed=3,
+            start_method={method!r})
+        ref = chainiter.SerialIterator(dataset, 4, seed=3)
+        for _ in range(48):
+            assert helpers.fingerprint(next(it)) == \\
+                helpers.fingerprint(next(ref))
+        print('BY_COPY', it.stats['by_copy'])
+        it.finalize()
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+@pytest.mark.parametrize('size', ['4M', '0'])
+def test_slots_that_do_not_fit_dev_shm_go_to_the_temporary_directory(
+        method, tmp_path, size):
+    # size=0: a tmpfs without a limit (statvfs says 0 bytes free): every
+    # slot stays in /dev/shm.
+    probe = subprocess.run(['unshare', '--mount', 'true'],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip('cannot make a private /dev/shm here')
+    script = tmp_path / 'small.py'
+    script.write_text(SMALL_DEV_SHM_SCRIPT.format(tests=TESTS_DIR,
+                                                  method=method))
+    tmp = tmp_path / 'tmp'
+    tmp.mkdir()
+    out = subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size={} tmpfs /dev/shm && TMPDIR={} {} {}'
+         .format(size, tmp, sys.executable, script)],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'OK' in out.stdout, out.stdout + out.stderr
+    # Only the first batch, which sizes the slots, came by copy.
+    assert 'BY_COPY 1' in out.stdout, out.stdout
+    if size == '0':
+        assert 'WARNING' not in out.stdout, out.stdout
+    else:
+        assert 'so they were placed in {}'.format(tmp) in out.stdout, \
+            out.stdout
+    assert 'could not reserve' not in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize('error', ['ENOSPC', 'ENOMEM'])
+def test_workers_that_cannot_reserve_a_slot_send_its_batches(method, error):
+    # Every worker fails to reserve its slots (a full /dev/shm; a tmpfs
+    # under memory pressure): the batches come by copy, right, with one
+    # warning, and no worker dies.
+    dataset = helpers.Big(48, sizes=[8192])
+    init = functools.partial(helpers.no_room_init, getattr(errno, error),
+                             None)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 4, n_processes=2, n_prefetch=4, seed=3,
+                start_method=method, worker_init_fn=init) as it:
+            ref = chainiter.SerialIterator(dataset, 4, seed=3)
+            for _ in range(24):
+                assert helpers.fingerprint(next(it)) == \
+                    helpers.fingerprint(next(ref))
+            assert it.stats['by_copy'] == 24
+    messages = [str(w.message) for w in record]
+    assert [m for m in messages if 'could not reserve' in m and
+            os.strerror(getattr(errno, error)) in m], messages
+    assert not any(issubclass(w.category, chainiter.WorkerRestartWarning)
+                   for w in record), messages
+
+
+def test_a_slot_that_cannot_be_reserved_after_a_fork(method, tmp_path):
+    # A fork retires the slot of the batch the user holds (the child may
+    # read it); its index gets new memory, which the worker then cannot
+    # reserve: the worker must not write into the retired slot, and the
+    # batches must be right.
+    if not hasattr(os, 'fork'):
+        pytest.skip('no os.fork here')
+    flag = str(tmp_path / 'full')
+    dataset = helpers.Big(4000, sizes=[4096])
+    init = functools.partial(helpers.no_room_init, errno.ENOSPC, flag)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        with chainiter.MultiprocessIterator(
+                dataset, 4, n_processes=1, n_prefetch=2, shuffle=False,
+                start_method=method, worker_init_fn=init) as it:
+            ref = chainiter.SerialIterator(dataset, 4, shuffle=False)
+            for _ in range(10):
+                next(it), next(ref)
+            held = next(it)
+            kept = helpers.fingerprint(held)
+            assert kept == helpers.fingerprint(next(ref))
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:                # the child holds the slot: waits
+                os.close(w)
+                os.read(r, 1)
+                os._exit(0)
+            os.close(r)
+            try:
+                open(flag, 'w').close()
+                for _ in range(40):
+                    assert helpers.fingerprint(next(it)) == \
+                        helpers.fingerprint(next(ref))
+                assert helpers.fingerprint(held) == kept
+            finally:
+                os.close(w)
+                os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize('tmp_room', ['enough', 'none'])

@@ -60,6 +60,7 @@ class Pool:
         self._n_workers = n_workers
         self._next_worker_id = 0
         self._start_failures = 0
+        self._warned_no_room = False
         # Under spawn and forkserver the large arrays of the dataset go to
         # the workers as shared memory, which lives as long as the pool.
         self.shared_arrays = None
@@ -286,6 +287,17 @@ class Pool:
     def on_result(self, worker, generation, seq, chunk, payload):
         self._put_ready(self.book.on_result(worker.key, generation, seq,
                                             chunk, payload))
+
+    def on_no_room(self, size, reason):
+        """A worker could not reserve a slot's memory (receiver thread)."""
+        if not self._warned_no_room:
+            self._warned_no_room = True
+            self.events.append((SharedMemoryWarning, (
+                'a worker could not reserve a shared-memory slot of {:,} '
+                'bytes ({}): the file system that holds the buffers is '
+                'full, so the batches for that slot come by copy, which is '
+                'slower. Enlarge /dev/shm (e.g. docker run --shm-size=...) '
+                'or lower n_prefetch'.format(size, reason))))
 
     def on_startup_failure(self, worker, remote):
         """A worker could not start: start no more (they would fail the

@@ -17,7 +17,8 @@ import threading
 
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess.wire import receive_results
-from chainiter.iterators.multiprocess.worker import STARTED, STARTUP_FAILED
+from chainiter.iterators.multiprocess.worker import (
+    NO_ROOM, STARTED, STARTUP_FAILED)
 
 POLL_S = 1.0      # it looks at the sockets at least this often
 # It rests while this many batches wait for the consumer, until fewer than
@@ -213,5 +214,7 @@ class Receiver:
                 worker.started = True
             elif seq == STARTUP_FAILED:
                 pool.on_startup_failure(worker, pickle.loads(payload)[1])
+            elif seq == NO_ROOM:
+                pool.on_no_room(*pickle.loads(payload))
             else:
                 pool.on_result(worker, generation, seq, chunk, payload)

@@ -45,11 +45,41 @@ def _free_bytes(directory):
     return st.f_bavail * st.f_frsize
 
 
+# The buffers made without reserving their pages: the room they may still
+# take is not free for the next buffer (``_outstanding``).
+_unreserved = weakref.WeakSet()
+
+
+def _limited(directory):
+    """False for a file system without a size (a tmpfs mounted with
+    ``size=0``: statvfs says 0 bytes free, and any size fits)."""
+    try:
+        return os.statvfs(directory).f_blocks > 0
+    except OSError:
+        return True
+
+
+def _outstanding(directory):
+    """The bytes that live buffers in ``directory`` made without
+    reserving may still take there (their size less what they hold)."""
+    total = 0
+    for shared in list(_unreserved):
+        fd = shared.fd
+        if fd < 0 or shared.directory != directory:
+            continue
+        try:
+            total += max(0, shared.size - os.fstat(fd).st_blocks * 512)
+        except OSError:
+            pass
+    return total
+
+
 def _create_file(directory, size, reserve=True):
     """An unlinked file of ``size`` reserved bytes in ``directory``; raises
     OSError(ENOSPC) when it does not fit.  Without ``reserve`` the file
     only has its size (its pages come with the writes) and "fits" means
-    that the file system has the bytes free now.
+    that the file system has the bytes free now, less what the other
+    buffers made so may still take.
 
     With O_TMPFILE the file never has a name: nothing can be left behind,
     not even by an interrupt between creating and unlinking it."""
@@ -63,9 +93,10 @@ def _create_file(directory, size, reserve=True):
         fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
         os.unlink(name)
     try:
-        if reserve:
+        if reserve and hasattr(os, 'posix_fallocate'):
             os.posix_fallocate(fd, 0, size)
-        elif _free_bytes(directory) < size:
+        elif _limited(directory) and \
+                _free_bytes(directory) - _outstanding(directory) < size:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         else:
             os.ftruncate(fd, size)
@@ -150,9 +181,9 @@ class SharedBuffer:
     def allocate(cls, size, reserve=True):
         """A new buffer of ``size`` bytes, in ``/dev/shm`` or else in the
         temporary directory.  Its pages are reserved (a full file system
-        raises here, not SIGBUS at a write), or, without ``reserve``, when
-        ``reserve()`` is called (0.25 s a GiB: after the workers started,
-        say)."""
+        raises here, not SIGBUS at a write), or, without ``reserve``,
+        later (0.25 s a GiB), by ``reserve()`` or by the process that
+        writes into it (a worker, for a slot), before it writes."""
         size = max(int(size), 1)
         directories = [_SHM_DIR, tempfile.gettempdir()]
         if not os.path.isdir(_SHM_DIR):
@@ -170,6 +201,8 @@ class SharedBuffer:
             try:
                 shared = cls(size, fd)
                 shared.directory = directory
+                if not reserve:
+                    _unreserved.add(shared)
             except OSError as e:
                 os.close(fd)
                 if e.errno != errno.ENOMEM:
@@ -206,6 +239,8 @@ class SharedBuffer:
         """Reserve the pages of a buffer that ``allocate(reserve=False)``
         made.  Raises MemoryError when the file system has no room any
         more (then writing into the buffer would raise SIGBUS)."""
+        if not hasattr(os, 'posix_fallocate'):      # macOS
+            return
         try:
             os.posix_fallocate(self.fd, 0, self.size)
         except OSError as e:

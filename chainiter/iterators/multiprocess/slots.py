@@ -1,7 +1,13 @@
 """The shared-memory slots a batch is written into, and their layouts.
 
 Each batch in flight owns a slot (a ``SharedBuffer`` of its own, allocated
-when a batch first needs one, at most ``n_prefetch + 2``).  A slot is reused
+when a batch first needs one, at most ``n_prefetch + 2``).  Its pages are
+reserved by the workers, not here: each worker that receives a slot
+reserves it (``posix_fallocate``) before it maps it, and uses it only
+when that worked; the main process only checks that the file system has
+the room.  Reserving 32 slots of 38 MB took the first ``next()`` of 16
+workers 0.55 s in the main process; the workers do it in parallel, each
+for the slots it writes into.  A slot is reused
 only when no task may still write into it and no array handed to the user
 still views it: every hand-out exports the slot through one ctypes object,
 and a weak reference to it tells when the last view is gone.  When no slot
@@ -159,7 +165,7 @@ class SlotPool:
                     _check_room(buffers.layout.slot_bytes)
                     with uninterrupted():
                         slot.shared = SharedBuffer.allocate(
-                            buffers.layout.slot_bytes)
+                            buffers.layout.slot_bytes, reserve=False)
                 except (MemoryError, OSError) as e:
                     if isinstance(e, OSError) and \
                             e.errno not in _RESOURCE_ERRNOS:
@@ -197,7 +203,8 @@ class SlotPool:
         old = self.buffers
         new = Buffers(0 if old is None else old.id + 1, layout, self.n_slots)
         with uninterrupted():
-            new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes)
+            new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes,
+                                                        reserve=False)
             self.buffers = new
             if old is not None:
                 # Batches in flight may still be handed out from the old

@@ -13,6 +13,7 @@ the parent's to handle.
 """
 
 import ctypes
+import errno
 import os
 import pickle
 import random
@@ -111,6 +112,9 @@ STARTUP_FAILED = -1
 #: ``seq`` of the message a worker sends first: Python has started it (a
 #: worker that exits before it was never ours to run: see pool.on_exit).
 STARTED = -2
+#: ``seq`` of the message a worker sends (once) when it could not reserve
+#: a slot: ``(size, reason)``.
+NO_ROOM = -3
 
 #: Tags numpy's global seeds apart from the streams of order_samplers.
 _NUMPY_GLOBAL_STREAM = 0x6e70676c
@@ -141,6 +145,24 @@ def _load(dataset, step, seed, sink, batched):
         return [], remote.capture(e, step.indices if batched else
                                   int(step.indices[len(sink)]))
     return sink.result(), None
+
+
+def _reserve(fd, size):
+    """Reserve the pages of a slot's file (slots.py) before writing into
+    it.  None, or the reason (a string) when the file system has no room
+    left for them (a write into a page that cannot be had would kill the
+    worker with SIGBUS)."""
+    fallocate = getattr(os, 'posix_fallocate', None)
+    if fallocate is None:
+        return None
+    try:
+        fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return None         # a file system that cannot reserve
+        # ENOSPC, EDQUOT, EFBIG; ENOMEM (tmpfs under memory pressure)...
+        return os.strerror(e.errno) if e.errno else str(e)
+    return None
 
 
 def worker_main(conn, dataset, seed, worker_id, num_workers,
@@ -194,6 +216,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
     slots = {}
     done = 0
     run_queue = RunQueueClock()
+    warned_no_room = False
     while max_tasks is None or done < max_tasks:
         try:
             message = conn.recv()
@@ -213,6 +236,21 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                 fd = reduction.recv_handle(conn)
             except (EOFError, OSError, RuntimeError):
                 return     # retired in the middle of a message
+            no_room = _reserve(fd, size)
+            if no_room is not None:
+                os.close(fd)    # its tasks send their examples instead
+                if owner == buffer_id:
+                    # Not the slot this index had before (retired at a
+                    # fork: a user's array or a child may view it still).
+                    slots.pop(index, None)
+                try:
+                    if not warned_no_room:
+                        warned_no_room = True
+                        wire.send_frame(conn, wire.header(0, NO_ROOM, 0) +
+                                        pickle.dumps((size, no_room)))
+                except (BrokenPipeError, EOFError, ConnectionResetError):
+                    return
+                continue
             # Its pages mapped at once, in one call: page by page, at the
             # first write, 16 workers spent seconds in page faults.
             shared = SharedBuffer(size, fd, populate=True)
