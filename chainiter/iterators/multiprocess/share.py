@@ -85,6 +85,7 @@ from multiprocessing import reduction
 
 import numpy
 
+from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess import by_value, remap
 from chainiter.iterators.multiprocess.shm import _SHM_DIR, SharedBuffer
 
@@ -424,17 +425,21 @@ class ArrayShare:
             pickler = _dump(obj, stream, self._known, key, self._by_value,
                             self.lend)
             self._by_value = pickler.by_value     # the next time too
-            if key in pickler.used:
-                shared = SharedBuffer.allocate(
-                    pickler.size, reserve=self._unfilled is None)
-                if self._unfilled is not None:
+            if key in pickler.used and self._unfilled is not None:
+                # Recorded as soon as made: an interrupt leaves no block
+                # that release() would not close.
+                with uninterrupted():
+                    shared = SharedBuffer.allocate(pickler.size,
+                                                   reserve=False)
+                    self._blocks[key] = shared
                     self._unfilled.append((key, shared, pickler.new))
-                else:
-                    try:
-                        self._fill(shared, pickler.new)
-                    except BaseException:
-                        shared.release()
-                        raise
+            elif key in pickler.used:
+                shared = SharedBuffer.allocate(pickler.size)
+                try:
+                    self._fill(shared, pickler.new)
+                except BaseException:
+                    shared.release()
+                    raise
                 self._blocks[key] = shared
             self._known.update(pickler.new)
             blocks = dict(self._blocks)
