@@ -529,6 +529,27 @@ def describe(value):
     return fingerprint(value)
 
 
+def run_with_dev_shm(script, size, tmp, tmp_size=None, timeout=120):
+    """Run the Python file ``script`` with a private /dev/shm (a tmpfs of
+    ``size``, e.g. '1M'; '0' has no limit) and TMPDIR ``tmp`` (a tmpfs of
+    ``tmp_size`` too when given); returns the CompletedProcess.  Skips
+    the test where a private mount cannot be made."""
+    import subprocess
+    import sys
+    import pytest
+    probe = subprocess.run(['unshare', '--mount', 'true'],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip('cannot make a private /dev/shm here')
+    mount_tmp = '' if tmp_size is None else \
+        'mount -t tmpfs -o size={} tmpfs {} && '.format(tmp_size, tmp)
+    return subprocess.run(
+        ['unshare', '--mount', 'sh', '-c',
+         'mount -t tmpfs -o size={} tmpfs /dev/shm && {}TMPDIR={} {} {}'
+         .format(size, mount_tmp, tmp, sys.executable, script)],
+        capture_output=True, text=True, timeout=timeout)
+
+
 def no_room_init(error, flag, worker_id):
     """A worker_init_fn (with ``functools.partial``): in the worker,
     reserving file pages (``os.posix_fallocate``) fails with errno

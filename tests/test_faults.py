@@ -406,20 +406,12 @@ def test_slots_that_do_not_fit_dev_shm_go_to_the_temporary_directory(
         method, tmp_path, size):
     # size=0: a tmpfs without a limit (statvfs says 0 bytes free): every
     # slot stays in /dev/shm.
-    probe = subprocess.run(['unshare', '--mount', 'true'],
-                           capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip('cannot make a private /dev/shm here')
     script = tmp_path / 'small.py'
     script.write_text(SMALL_DEV_SHM_SCRIPT.format(tests=TESTS_DIR,
                                                   method=method))
     tmp = tmp_path / 'tmp'
     tmp.mkdir()
-    out = subprocess.run(
-        ['unshare', '--mount', 'sh', '-c',
-         'mount -t tmpfs -o size={} tmpfs /dev/shm && TMPDIR={} {} {}'
-         .format(size, tmp, sys.executable, script)],
-        capture_output=True, text=True, timeout=120)
+    out = helpers.run_with_dev_shm(script, size, tmp)
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'OK' in out.stdout, out.stdout + out.stderr
     # Only the first batch, which sizes the slots, came by copy.
@@ -498,21 +490,12 @@ def test_a_slot_that_cannot_be_reserved_after_a_fork(method, tmp_path):
 
 @pytest.mark.parametrize('tmp_room', ['enough', 'none'])
 def test_dev_shm_filled_while_running(method, tmp_path, tmp_room):
-    probe = subprocess.run(['unshare', '--mount', 'true'],
-                           capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip('cannot make a private /dev/shm here')
     script = tmp_path / 'fill.py'
     script.write_text(FILL_SCRIPT.format(tests=TESTS_DIR, method=method))
     tmp = tmp_path / 'tmp'
     tmp.mkdir()
-    mount_tmp = '' if tmp_room == 'enough' else \
-        'mount -t tmpfs -o size=64k tmpfs {} && '.format(tmp)
-    out = subprocess.run(
-        ['unshare', '--mount', 'sh', '-c',
-         'mount -t tmpfs -o size=1M tmpfs /dev/shm && {}TMPDIR={} {} {}'
-         .format(mount_tmp, tmp, sys.executable, script)],
-        capture_output=True, text=True, timeout=120)
+    out = helpers.run_with_dev_shm(
+        script, '1M', tmp, None if tmp_room == 'enough' else '64k')
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'OK' in out.stdout
     assert 'WARNING SharedMemoryWarning' in out.stdout, out.stdout

@@ -510,25 +510,14 @@ def test_arrays_go_to_the_temporary_directory_when_dev_shm_is_small(
         method, tmp_path):
     # /dev/shm of 1 MiB cannot take the 4 MiB array: its block goes to
     # TMPDIR, with a warning that says so, and the workers see the values.
-    import subprocess
-    import sys
     if method == 'fork':
         pytest.skip('forked workers share the memory: no block')
-    probe = subprocess.run(
-        ['unshare', '--mount', 'sh', '-c',
-         'mount -t tmpfs -o size=1M tmpfs /dev/shm'], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip('cannot make a private /dev/shm here')
     script = tmp_path / 'script.py'
     script.write_text(SMALL_SHM_SCRIPT.format(
         tests=os.path.dirname(__file__), method=method))
     tmp = tmp_path / 'tmp'
     tmp.mkdir()
-    out = subprocess.run(
-        ['unshare', '--mount', 'sh', '-c',
-         'mount -t tmpfs -o size=1M tmpfs /dev/shm && TMPDIR={} {} {}'
-         .format(tmp, sys.executable, script)],
-        capture_output=True, text=True, timeout=60)
+    out = helpers.run_with_dev_shm(script, '1M', tmp, timeout=60)
     assert out.returncode == 0, out.stderr
     assert 'OK' in out.stdout, out.stdout + out.stderr
     assert 'WARNING SharedMemoryWarning' in out.stdout

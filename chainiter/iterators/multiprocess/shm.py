@@ -74,6 +74,24 @@ def _outstanding(directory):
     return total
 
 
+def reserve_pages(fd, size):
+    """Reserve the pages of the first ``size`` bytes of file ``fd``, so
+    that writing into a mapping of them cannot raise SIGBUS.  None, or the
+    reason (a string) when the file system has no room for them (ENOSPC,
+    EDQUOT, EFBIG; ENOMEM on a tmpfs under memory pressure).  Nothing
+    where nothing reserves (no posix_fallocate: macOS; a file system
+    that cannot)."""
+    if not hasattr(os, 'posix_fallocate'):
+        return None
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        return os.strerror(e.errno) if e.errno else str(e)
+    return None
+
+
 def _create_file(directory, size, reserve=True):
     """An unlinked file of ``size`` reserved bytes in ``directory``; raises
     OSError(ENOSPC) when it does not fit.  Without ``reserve`` the file
@@ -239,20 +257,15 @@ class SharedBuffer:
         """Reserve the pages of a buffer that ``allocate(reserve=False)``
         made.  Raises MemoryError when the file system has no room any
         more (then writing into the buffer would raise SIGBUS)."""
-        if not hasattr(os, 'posix_fallocate'):      # macOS
-            return
-        try:
-            os.posix_fallocate(self.fd, 0, self.size)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise
+        reason = reserve_pages(self.fd, self.size)
+        if reason is not None:
             raise MemoryError(
-                'no room for {} of shared memory in {} ({} free): it was '
-                'there a moment ago, and something else took it. Enlarge '
-                '/dev/shm (e.g. docker run --shm-size=...) or the temporary '
-                'directory (TMPDIR)'.format(
-                    _size_text(self.size), self.directory,
-                    _size_text(_free_bytes(self.directory)))) from e
+                'no room for {} of shared memory in {} ({}; {} free): it '
+                'was there a moment ago, and something else took it. '
+                'Enlarge /dev/shm (e.g. docker run --shm-size=...) or the '
+                'temporary directory (TMPDIR)'.format(
+                    _size_text(self.size), self.directory, reason,
+                    _size_text(_free_bytes(self.directory))))
 
     def close(self):
         """Close the descriptor.  The mapping stays for as long as this

@@ -13,7 +13,6 @@ the parent's to handle.
 """
 
 import ctypes
-import errno
 import os
 import pickle
 import random
@@ -28,7 +27,7 @@ import numpy
 from chainiter import _context
 from chainiter.iterators.multiprocess import (
     converted, remote, share, sinks, wire)
-from chainiter.iterators.multiprocess.shm import SharedBuffer
+from chainiter.iterators.multiprocess.shm import SharedBuffer, reserve_pages
 
 PARENT_CHECK_S = 0.5   # how often a worker checks that its parent lives
 
@@ -147,24 +146,6 @@ def _load(dataset, step, seed, sink, batched):
     return sink.result(), None
 
 
-def _reserve(fd, size):
-    """Reserve the pages of a slot's file (slots.py) before writing into
-    it.  None, or the reason (a string) when the file system has no room
-    left for them (a write into a page that cannot be had would kill the
-    worker with SIGBUS)."""
-    fallocate = getattr(os, 'posix_fallocate', None)
-    if fallocate is None:
-        return None
-    try:
-        fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            return None         # a file system that cannot reserve
-        # ENOSPC, EDQUOT, EFBIG; ENOMEM (tmpfs under memory pressure)...
-        return os.strerror(e.errno) if e.errno else str(e)
-    return None
-
-
 def worker_main(conn, dataset, seed, worker_id, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -236,20 +217,23 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
                 fd = reduction.recv_handle(conn)
             except (EOFError, OSError, RuntimeError):
                 return     # retired in the middle of a message
-            no_room = _reserve(fd, size)
+            # Reserved before it is written (slots.py): a page that cannot
+            # be had would kill this worker with SIGBUS.
+            no_room = reserve_pages(fd, size)
             if no_room is not None:
                 os.close(fd)    # its tasks send their examples instead
                 if owner == buffer_id:
                     # Not the slot this index had before (retired at a
                     # fork: a user's array or a child may view it still).
                     slots.pop(index, None)
-                try:
-                    if not warned_no_room:
-                        warned_no_room = True
+                if not warned_no_room:
+                    warned_no_room = True
+                    try:
                         wire.send_frame(conn, wire.header(0, NO_ROOM, 0) +
                                         pickle.dumps((size, no_room)))
-                except (BrokenPipeError, EOFError, ConnectionResetError):
-                    return
+                    except (BrokenPipeError, EOFError,
+                            ConnectionResetError):
+                        return
                 continue
             # Its pages mapped at once, in one call: page by page, at the
             # first write, 16 workers spent seconds in page faults.
