@@ -22,7 +22,7 @@ from chainiter import (
     SerialIterator,
     concat_examples,
 )
-
+from chainiter.iterators._stats import usable_cpus
 import helpers
 from helpers import (
     AugmentedDataset,
@@ -881,10 +881,21 @@ def test_default_depth_stays_shallow_for_big_batches(method):
     handed out)."""
     depth = _depth_after_first_batch(Megabyte(), 4, 2, method,
                                      prefetch_bytes=8 * 2 ** 20)
-    assert depth == 4                       # 2 per worker, over the budget
+    # 2 per worker, over the budget (per CPU, if fewer: see below)
+    assert depth == 2 * min(2, usable_cpus())
     depth = _depth_after_first_batch(Megabyte(), 4, 1, method,
                                      prefetch_bytes=40 * 2 ** 20)
     assert depth == 40 // 4 - 2              # the budget holds depth + 2
+
+
+def test_more_workers_than_cpus_share_fewer_big_batches(method):
+    """Past the budget, big batches go 2 per CPU deep, not 2 per worker:
+    the workers then share each batch in chunks (all of them busy), and
+    no slot is made that only the budget would have refused."""
+    cpus = usable_cpus()
+    depth = _depth_after_first_batch(Megabyte(), 4, cpus + 2, method,
+                                     prefetch_bytes=2 ** 20)
+    assert depth == 2 * cpus
 
 
 def test_explicit_n_prefetch_keeps_its_meaning(method):

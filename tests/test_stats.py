@@ -104,7 +104,7 @@ class _Stub:
     ({}, {'wait_fraction': 0.05}, 'compute-bound: next() waited 5%'),
 ])
 def test_diagnose_advice(attributes, stats, expected, monkeypatch):
-    monkeypatch.setattr(_stats, '_cpus', lambda: 8)
+    monkeypatch.setattr(_stats, 'usable_cpus', lambda: 8)
     stats = dict(stats, timed_batches=10, elapsed_s=1.0, batches=11,
                  wait_mean_s=0.01, examples_per_s=100.0)
     verdict = chainiter.diagnose(_Stub(stats, **attributes))

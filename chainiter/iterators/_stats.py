@@ -129,7 +129,8 @@ class InputStats:
         self._stats_window_started()
 
 
-def _cpus():
+def usable_cpus():
+    """The CPUs this process may run on."""
     if hasattr(os, 'sched_getaffinity'):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -167,7 +168,7 @@ def _more_workers(current, waited, cpus):
 
 
 def _advice(iterator, stats):
-    cpus = _cpus()
+    cpus = usable_cpus()
     waited = stats['wait_fraction']
     n_processes = getattr(iterator, 'n_processes', None)
     if n_processes is not None:

@@ -22,6 +22,7 @@ from chainiter.errors import (
     ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
 from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._stats import usable_cpus
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
     by_value, converted, list_layout, read, remote, share, stacked_layout,
@@ -132,9 +133,10 @@ class MultiprocessIterator(DatasetIterator):
             default) sizes it from the first batch: 16 per worker for small
             batches (the processes then rarely wait on each other), fewer
             as far as ``prefetch_bytes`` requires, never fewer than 2 per
-            worker (as DataLoader) unless the limit of open files
-            (``ulimit -n``) leaves room for fewer slots (each takes two
-            descriptors; it takes half of what is left).
+            worker (as DataLoader), or per CPU when there are more workers
+            than CPUs (they share each batch in chunks), unless the limit
+            of open files (``ulimit -n``) leaves room for fewer slots (each
+            takes two descriptors; it takes half of what is left).
             ``stats['prefetch']`` tells the depth.
         prefetch_bytes (int): the shared memory the self-tuning depth may
             use for its slots (the depth + 2: the batch the user holds and
@@ -217,8 +219,7 @@ class MultiprocessIterator(DatasetIterator):
                  converter_in_workers=False):
         self._pool = None
         if n_processes is None:
-            n_processes = len(os.sched_getaffinity(0)) if hasattr(
-                os, 'sched_getaffinity') else os.cpu_count() or 1
+            n_processes = usable_cpus()
         n_processes = _args.positive_int(
             'n_processes', n_processes,
             hint='; use SerialIterator to load in the main process')
@@ -337,10 +338,16 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         group = self._group
         fits = self.prefetch_bytes * group // max(slot_bytes, 1) - 2
-        depth = max(2 * n, min(self._max_depth, fits))
+        # Slots too big for prefetch_bytes: two for each worker that can
+        # run at once.  More workers than CPUs share the batches in chunks
+        # (Book.open_batch) and stay busy; each slot more would only cost
+        # its memory and the workers' first touch of it (16 workers of
+        # 38 MB batches on 2 CPUs: 1.2 GB).
+        depth = max(2 * min(n, usable_cpus()), min(self._max_depth, fits))
         if group > 1:
             # As many batches in flight as one by one, in groups; each
-            # worker still has two.
+            # worker still has two (small: fewer would be split in more
+            # chunks, each a message).
             depth = max(2 * n, -(-depth // group))
         room = descriptor_room()
         if room is not None:
