@@ -25,9 +25,10 @@ repeats), it prints:
 - tree PSS: the memory of the main process and its workers together, after
   the boundary;
 - snapshot: the compressed size of the loader's state, and the time to save
-  and to load it (chainiter: ``save_npz``; torchdata's
-  ``StatefulDataLoader.state_dict()`` pickled, where installed; DataLoader
-  has no state).
+  and to load it (chainiter: ``save_npz``, ``load_npz``; torchdata's
+  ``StatefulDataLoader.state_dict()`` pickled, where installed, and loaded
+  with ``load_state_dict()`` and ``iter()``, which applies it and starts
+  the 2 workers; DataLoader has no state).
 
 ``--compare torch`` adds PyTorch's DataLoader (and torchdata's
 StatefulDataLoader where installed).
@@ -207,11 +208,16 @@ def measure_torch(n, stateful=False):
         numpy.savez_compressed(f, state=numpy.frombuffer(blob, numpy.uint8))
         out['save_s'] = time.perf_counter() - t
         out['snapshot_bytes'] = len(f.getvalue())
-        other = make(Trivial(n), BATCH, shuffle=True, num_workers=0)
+        # A state of 2 workers loads only into a loader of 2 workers;
+        # load_state_dict() keeps it and iter() applies it, and iter()
+        # starts the workers too.
+        other = make(Trivial(n), BATCH, shuffle=True, num_workers=WORKERS,
+                     multiprocessing_context='fork')
         t = time.perf_counter()
         other.load_state_dict(pickle.loads(blob))
-        iter(other)
+        resumed = iter(other)
         out['load_s'] = time.perf_counter() - t
+        del resumed, other
     del it, loader
     return out
 
