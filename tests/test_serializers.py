@@ -184,3 +184,67 @@ def test_a_pickle_naming_only_numpy_is_never_run(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith('refused:') and 'pickled' in result.stdout
+
+
+_FAILING_SAVE = r'''
+import os, resource, signal, sys
+import numpy
+from chainiter.serializers import save_npz
+sys.path.insert(0, {tests!r})
+from test_serializers import Thing
+
+path = sys.argv[1]
+thing = Thing()
+thing.count = 7
+save_npz(path, thing)
+# A full disk, as a file size limit: writes past 4 KiB fail with EFBIG.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE,
+                   (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+thing.count = 8
+thing.weights = numpy.random.default_rng(0).random(100000)
+try:
+    save_npz(path, thing)
+except OSError as e:
+    print('failed:', e)
+else:
+    print('saved')
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_save_that_fails_keeps_the_previous_snapshot(tmp_path):
+    """A snapshot that cannot be written whole (here: past a file size
+    limit, as on a full disk) raises, and the file keeps the previous
+    snapshot, which loads; nothing else is left in the directory."""
+    name = tmp_path / 'snapshot_iter_100'
+    script = _FAILING_SAVE.format(
+        tests=os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, '-c', script, str(name)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('failed:'), done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ['snapshot_iter_100']
+    loaded = Thing()
+    load_npz(str(name), loaded)
+    assert loaded.count == 7
+    assert (loaded.weights == 0).all()
+
+
+def test_a_snapshot_file_has_the_permissions_of_a_new_file(tmp_path):
+    """Written through a temporary file, the snapshot still gets the
+    permissions ``open()`` would give it (0666 less the umask), and
+    saving over a symbolic link writes the file it points to."""
+    old = os.umask(0o027)
+    try:
+        save_npz(str(tmp_path / 'a'), Counter(3))
+    finally:
+        os.umask(old)
+    assert (tmp_path / 'a').stat().st_mode & 0o777 == 0o640
+    os.symlink('a', str(tmp_path / 'latest'))
+    save_npz(str(tmp_path / 'latest'), Counter(4))
+    assert os.path.islink(str(tmp_path / 'latest'))
+    loaded = Counter()
+    load_npz(str(tmp_path / 'a'), loaded)
+    assert loaded.count == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['a', 'latest']

@@ -7,11 +7,13 @@ its exact bytes; nothing is ever unpickled.
 """
 
 import os
+import secrets
 import zipfile
 import zlib
 
 import numpy
 
+from chainiter._interrupts import uninterrupted
 from chainiter.errors import SnapshotMismatchError
 from chainiter.serializers._base import Deserializer, Serializer
 
@@ -64,10 +66,51 @@ def save_npz(file, obj, compression=True):
     if isinstance(file, (str, bytes, os.PathLike)):
         # Exactly this path: given a name, numpy would append '.npz', and
         # Chainer's trainer names its snapshots without a suffix.
-        with open(file, 'wb') as f:
-            save(f, **target)
+        _write_whole(file, lambda f: save(f, **target))
     else:
         save(file, **target)
+
+
+def _write_whole(path, write):
+    """``write(f)`` into a new file beside ``path`` (the file a symbolic
+    link names), flushed to the disk, which then takes the place of
+    ``path``: a save that fails (a full disk, a Ctrl-C, a killed process)
+    leaves the snapshot that was there whole.  The new file gets the
+    permissions ``open()`` would give it.  Where no file may be made beside
+    it (a directory one may not write), ``path`` is written in place."""
+    path = os.path.realpath(os.fsdecode(path))
+    directory, name = os.path.split(path)
+    partial = None
+    try:
+        while partial is None:
+            candidate = os.path.join(directory, '.{}.{}.partial'.format(
+                name, secrets.token_hex(4)))
+            with uninterrupted():     # made and known, or not made
+                try:
+                    fd = os.open(candidate,
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                except FileExistsError:
+                    continue
+                except PermissionError:
+                    break
+                partial = candidate
+                f = open(fd, 'wb')
+        if partial is None:
+            with open(path, 'wb') as f:
+                write(f)
+            return
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        if partial is not None:
+            try:
+                os.unlink(partial)
+            except OSError:
+                pass
+        raise
 
 
 class NpzDeserializer(Deserializer):
