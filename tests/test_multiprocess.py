@@ -332,6 +332,22 @@ def test_converter_in_workers_gives_the_parents_batches(method):
                 for _ in range(4)] == rest
 
 
+def test_converter_in_workers_sees_whole_batches_when_shallow(method):
+    """More workers than batches in flight (a small prefetch_bytes, more
+    workers than twice the CPUs): a converter in the workers still gets
+    each batch whole, never a chunk of it."""
+    dataset = AugmentedDataset(40)
+    with MultiprocessIterator(dataset, 4, n_processes=2 * usable_cpus() + 1,
+                              seed=4, converter=helpers.collate,
+                              converter_in_workers=True, prefetch_bytes=1,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, seed=4) as ref:
+        for _ in range(12):
+            assert fingerprint(without_pid(next(it))) == fingerprint(
+                without_pid(helpers.collate(next(ref))))
+        assert it.stats['prefetch'] < it.n_processes
+
+
 def test_converter_in_workers_error_comes_with_the_worker_traceback(method):
     dataset = AugmentedDataset(12)
     with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,

@@ -137,10 +137,13 @@ class ActiveWorkers:
 
 class Book:
 
-    def __init__(self, n_workers, n_prefetch, max_tasks):
+    def __init__(self, n_workers, n_prefetch, max_tasks, split=True):
         self.n_workers = n_workers
         self.n_prefetch = n_prefetch
         self.max_tasks = max_tasks
+        # False: every batch goes whole to one worker (a converter there
+        # takes whole batches), however few are in flight.
+        self.split = split
         self.generation = 0
         self.next_seq = 0
         self.inflight = {}         # seq -> Batch
@@ -202,7 +205,8 @@ class Book:
         # Every message costs, tiny examples too: split a batch only as
         # much as needed to keep every worker busy with the batches in
         # flight.
-        n_chunks = min(n, -(-self.n_workers // self.n_prefetch))
+        n_chunks = min(n, -(-self.n_workers // self.n_prefetch)) \
+            if self.split else 1
         batch = Batch(self.generation, seq, step, n_chunks, slot, buffers)
         self.inflight[seq] = batch
         if self.failure is not None:

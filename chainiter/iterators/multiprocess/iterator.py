@@ -279,8 +279,9 @@ class MultiprocessIterator(DatasetIterator):
         # among the workers and arrives soonest.
         self._first_depth = n_prefetch or 1
         if self._in_workers:
-            # At least a batch per worker in flight: then a batch is never
-            # split among workers, and the converter sees all of it.
+            # At least a batch per worker in flight, to start with (the
+            # book never splits a batch for the converter in the workers:
+            # it takes whole ones).
             self._first_depth = max(self._first_depth, n_processes)
             self._max_depth = max(self._max_depth, n_processes)
         self._start_transport()
@@ -395,7 +396,8 @@ class MultiprocessIterator(DatasetIterator):
         self._pool = Pool(multiprocessing.get_context(self.start_method),
                           dataset, self.n_processes, self._worker_seed,
                           self.worker_init_fn, self.maxtasksperchild,
-                          self._prefetch_depth, slots)
+                          self._prefetch_depth, slots,
+                          split=not self._in_workers)
         self._finalizer = weakref.finalize(self, self._pool.close)
 
     @property
