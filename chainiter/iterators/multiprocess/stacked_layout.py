@@ -13,6 +13,7 @@ workers whatever its bucket, once the bytes of the largest have been
 seen; ``dtype`` and ``capacity`` are then those of the batch measured
 last."""
 
+import math
 import typing
 
 import numpy
@@ -171,9 +172,11 @@ def row_spec(value):
 
 
 def spec_bytes(spec):
+    # math.prod, not numpy.prod: called for every field of every example
+    # a worker writes, where numpy's took 4 us (bucketed examples were
+    # 4x slower in a worker than in a plain loop).
     dtype, shape = spec
-    return int(numpy.prod(shape, dtype=numpy.int64)) * numpy.dtype(
-        dtype).itemsize
+    return math.prod(shape) * numpy.dtype(dtype).itemsize
 
 
 def padding_of(padding, key):

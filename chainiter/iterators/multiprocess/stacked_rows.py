@@ -207,14 +207,16 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
             return None
         if i not in padded:
             spec = row_spec(value)
-            if spec is None or spec_bytes(spec) > field.row_bytes or (
+            if spec is None:
+                return None
+            size = spec_bytes(spec)
+            if size > field.row_bytes or (
                     specs[i] is not None and specs[i] != spec):
                 return None
             value = numpy.asarray(value)
             dtype, shape = spec
             if value.shape != shape or _native(value.dtype) != dtype:
                 return None
-            size = spec_bytes(spec)
             start = field.offset + start_row * field.row_bytes + \
                 (row - start_row) * size
             checked.append((i, value, dtype, shape, None, start, size))
