@@ -332,12 +332,13 @@ def test_converter_in_workers_gives_the_parents_batches(method):
                 for _ in range(4)] == rest
 
 
-def test_converter_in_workers_sees_whole_batches_when_shallow(method):
-    """More workers than batches in flight (a small prefetch_bytes, more
-    workers than twice the CPUs): a converter in the workers still gets
-    each batch whole, never a chunk of it."""
+def test_converter_in_workers_sees_whole_batches_when_shallow(method,
+                                                             two_cpus):
+    """Slots over prefetch_bytes and more workers than twice the CPUs: a
+    converter in the workers still gets each batch whole, never a chunk
+    of it, and a batch per worker at least is in flight."""
     dataset = AugmentedDataset(40)
-    with MultiprocessIterator(dataset, 4, n_processes=2 * usable_cpus() + 1,
+    with MultiprocessIterator(dataset, 4, n_processes=2 * two_cpus + 1,
                               seed=4, converter=helpers.collate,
                               converter_in_workers=True, prefetch_bytes=1,
                               start_method=method) as it, \
@@ -345,7 +346,7 @@ def test_converter_in_workers_sees_whole_batches_when_shallow(method):
         for _ in range(12):
             assert fingerprint(without_pid(next(it))) == fingerprint(
                 without_pid(helpers.collate(next(ref))))
-        assert it.stats['prefetch'] < it.n_processes
+        assert it.stats['prefetch'] >= it.n_processes
 
 
 def test_converter_in_workers_error_comes_with_the_worker_traceback(method):
@@ -904,14 +905,36 @@ def test_default_depth_stays_shallow_for_big_batches(method):
     assert depth == 40 // 4 - 2              # the budget holds depth + 2
 
 
-def test_more_workers_than_cpus_share_fewer_big_batches(method):
+@pytest.fixture
+def two_cpus():
+    """This process (and the workers it starts) on at most 2 CPUs, so
+    that "more workers than CPUs" stays a handful of workers anywhere."""
+    if not hasattr(os, 'sched_setaffinity'):
+        pytest.skip('needs os.sched_setaffinity')
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(allowed)[:2])
+    try:
+        yield usable_cpus()
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def test_more_workers_than_cpus_share_fewer_big_batches(method, two_cpus):
     """Past the budget, big batches go 2 per CPU deep, not 2 per worker:
     the workers then share each batch in chunks (all of them busy), and
-    no slot is made that only the budget would have refused."""
-    cpus = usable_cpus()
-    depth = _depth_after_first_batch(Megabyte(), 4, cpus + 2, method,
-                                     prefetch_bytes=2 ** 20)
-    assert depth == 2 * cpus
+    no slot is made that only the budget would have refused.  Batches too
+    small to give every worker a chunk go deep enough that they do; a
+    converter in the workers and maxtasksperchild take whole batches (2
+    per worker)."""
+    cpus = two_cpus
+    n = 2 * cpus + 1
+    assert _depth_after_first_batch(Megabyte(), 4, n, method,
+                                    prefetch_bytes=2 ** 20) == 2 * cpus
+    assert _depth_after_first_batch(Megabyte(), 1, n, method,
+                                    prefetch_bytes=2 ** 20) == n
+    assert _depth_after_first_batch(Megabyte(), 4, n, method,
+                                    prefetch_bytes=2 ** 20,
+                                    maxtasksperchild=100) == 2 * n
 
 
 def test_explicit_n_prefetch_keeps_its_meaning(method):

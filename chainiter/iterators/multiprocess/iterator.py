@@ -134,7 +134,8 @@ class MultiprocessIterator(DatasetIterator):
             batches (the processes then rarely wait on each other), fewer
             as far as ``prefetch_bytes`` requires, never fewer than 2 per
             worker (as DataLoader), or per CPU when there are more workers
-            than CPUs (they share each batch in chunks), unless the limit
+            than CPUs (they share each batch in chunks; not with
+            ``converter_in_workers`` or ``maxtasksperchild``), unless the limit
             of open files (``ulimit -n``) leaves room for fewer slots (each
             takes two descriptors; it takes half of what is left).
             ``stats['prefetch']`` tells the depth.
@@ -331,6 +332,21 @@ class MultiprocessIterator(DatasetIterator):
         return min(1.0, (pool.book.load_s + pool.book.queued_s - loaded) /
                    (self.n_processes * span))
 
+    def _floor_depth(self):
+        """The fewest batches in flight, whatever ``prefetch_bytes`` holds:
+        two per worker, or two for each worker that can run at once (the
+        CPUs), as long as the workers share those batches' chunks
+        (``Book.open_batch``) and all of them hold one: each slot more
+        only costs its memory and the workers' first touch of it (16
+        workers of 38 MB batches on 2 CPUs: 1.2 GB).  Not when a batch may
+        not be split: for the converter in the workers (one batch a
+        worker), or where each chunk counts against
+        ``maxtasksperchild``."""
+        n = self.n_processes
+        if self._in_workers or self.maxtasksperchild is not None:
+            return 2 * n
+        return max(2 * min(n, usable_cpus()), -(-n // self.batch_size))
+
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
         if self.n_prefetch is not None:
@@ -339,12 +355,7 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         group = self._group
         fits = self.prefetch_bytes * group // max(slot_bytes, 1) - 2
-        # Slots too big for prefetch_bytes: two for each worker that can
-        # run at once.  More workers than CPUs share the batches in chunks
-        # (Book.open_batch) and stay busy; each slot more would only cost
-        # its memory and the workers' first touch of it (16 workers of
-        # 38 MB batches on 2 CPUs: 1.2 GB).
-        depth = max(2 * min(n, usable_cpus()), min(self._max_depth, fits))
+        depth = max(self._floor_depth(), min(self._max_depth, fits))
         if group > 1:
             # As many batches in flight as one by one, in groups; each
             # worker still has two (small: fewer would be split in more
