@@ -248,3 +248,32 @@ def test_a_snapshot_file_has_the_permissions_of_a_new_file(tmp_path):
     load_npz(str(tmp_path / 'a'), loaded)
     assert loaded.count == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ['a', 'latest']
+
+
+def test_a_snapshot_saved_over_keeps_its_mode_and_owner(tmp_path):
+    """Saved over, a snapshot keeps its mode (a private one stays private)
+    and, where this process may set it, its owner; a name too long for a
+    temporary name beside it still saves; a directory is refused as
+    open() refuses it, before anything is written."""
+    name = tmp_path / 'snap'
+    save_npz(str(name), Counter(1))
+    os.chmod(str(name), 0o600)
+    if os.geteuid() == 0:
+        os.chown(str(name), 1234, 1234)
+    save_npz(str(name), Counter(2))
+    assert name.stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0:
+        assert (name.stat().st_uid, name.stat().st_gid) == (1234, 1234)
+    loaded = Counter()
+    load_npz(str(name), loaded)
+    assert loaded.count == 2
+    long_name = tmp_path / ('s' * 250)
+    save_npz(str(long_name), Counter(3))
+    save_npz(str(long_name), Counter(4))
+    load_npz(str(long_name), loaded)
+    assert loaded.count == 4
+    for directory in (str(tmp_path), str(tmp_path / 'new') + os.sep):
+        with pytest.raises(IsADirectoryError):
+            save_npz(directory, Counter(5))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ['snap', 's' * 250])

@@ -6,8 +6,10 @@ writes into snapshots, ``None`` (a 0-d object array; Chainer's
 its exact bytes; nothing is ever unpickled.
 """
 
+import errno
 import os
 import secrets
+import stat
 import zipfile
 import zlib
 
@@ -74,17 +76,30 @@ def save_npz(file, obj, compression=True):
 def _write_whole(path, write):
     """``write(f)`` into a new file beside ``path`` (the file a symbolic
     link names), flushed to the disk, which then takes the place of
-    ``path``: a save that fails (a full disk, a Ctrl-C, a killed process)
-    leaves the snapshot that was there whole.  The new file gets the
-    permissions ``open()`` would give it.  Where no file may be made beside
-    it (a directory one may not write), ``path`` is written in place."""
-    path = os.path.realpath(os.fsdecode(path))
+    ``path``: a save that fails (a full disk, a Ctrl-C) leaves the
+    snapshot that was there whole.  A file saved over keeps its mode and,
+    where this process may set it, its owner; a new one gets what
+    ``open()`` gives.  Other hard links to the old file keep the old
+    snapshot.  A process killed outright (SIGKILL) may leave the new file
+    behind, named ``.NAME.XXXXXXXX.partial``.  Where no file may be made
+    beside it, or put in its place (a directory one may not write, a
+    sticky one), ``path`` is written in place."""
+    given = os.fsdecode(path)
+    if given.endswith(os.sep) or os.path.isdir(given):
+        raise IsADirectoryError(errno.EISDIR, 'Is a directory', given)
+    path = os.path.realpath(given)
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    if old is not None and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, 'Permission denied', given)
     directory, name = os.path.split(path)
     partial = None
     try:
         while partial is None:
             candidate = os.path.join(directory, '.{}.{}.partial'.format(
-                name, secrets.token_hex(4)))
+                name[:200], secrets.token_hex(4)))
             with uninterrupted():     # made and known, or not made
                 try:
                     fd = os.open(candidate,
@@ -93,17 +108,30 @@ def _write_whole(path, write):
                     continue
                 except PermissionError:
                     break
+                except FileNotFoundError:    # named as open() names it
+                    raise FileNotFoundError(
+                        errno.ENOENT, 'No such file or directory',
+                        given) from None
                 partial = candidate
                 f = open(fd, 'wb')
         if partial is None:
-            with open(path, 'wb') as f:
-                write(f)
+            _write_in_place(path, write)
             return
         with f:
+            if old is not None:
+                _keep_owner_and_mode(fd, old)
             write(f)
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
+            os.fsync(fd)
+        try:
+            os.replace(partial, path)
+        except PermissionError:
+            os.unlink(partial)
+            partial = None
+            _write_in_place(path, write)
+            return
+        partial = None
+        _sync_directory(directory)
     except BaseException:
         if partial is not None:
             try:
@@ -111,6 +139,34 @@ def _write_whole(path, write):
             except OSError:
                 pass
         raise
+
+
+def _write_in_place(path, write):
+    with open(path, 'wb') as f:
+        write(f)
+
+
+def _keep_owner_and_mode(fd, old):
+    try:
+        os.fchown(fd, old.st_uid, old.st_gid)
+    except OSError:       # not ours to give away: the mode still holds
+        pass
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+
+
+def _sync_directory(directory):
+    """The rename on the disk too (best effort: not every system opens
+    directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class NpzDeserializer(Deserializer):
