@@ -24,11 +24,13 @@ repeats), it prints:
 - extra memory: how much the main process's RSS grew across the boundary;
 - tree PSS: the memory of the main process and its workers together, after
   the boundary;
-- snapshot: the compressed size of the loader's state, and the time to save
-  and to load it (chainiter: ``save_npz``, ``load_npz``; torchdata's
-  ``StatefulDataLoader.state_dict()`` pickled, where installed, and loaded
-  with ``load_state_dict()`` and ``iter()``, which applies it and starts
-  the 2 workers; DataLoader has no state).
+- snapshot: the compressed size of the loader's state, the time to save
+  it, and to resume from it: a new loader of 2 workers made and given the
+  state, its workers started (chainiter: ``save_npz``, then the
+  constructor and ``load_npz``; torchdata's ``StatefulDataLoader``, where
+  installed: ``state_dict()`` pickled into an npz, then read back, the
+  constructor, ``load_state_dict()`` and ``iter()``, which applies the
+  state and starts the workers; DataLoader has no state).
 
 ``--compare torch`` adds PyTorch's DataLoader (and torchdata's
 StatefulDataLoader where installed).
@@ -164,11 +166,14 @@ def measure_chainiter(n):
         save_npz(f, it)
         out['save_s'] = time.perf_counter() - t
         out['snapshot_bytes'] = len(f.getvalue())
-    with chainiter.SerialIterator(Trivial(n), BATCH) as other:
-        f.seek(0)
-        t = time.perf_counter()
-        load_npz(f, other)
-        out['load_s'] = time.perf_counter() - t
+    f.seek(0)
+    t = time.perf_counter()
+    other = chainiter.MultiprocessIterator(
+        Trivial(n), BATCH, n_processes=WORKERS, seed=0, start_method='fork',
+        converter=chainiter.concat_examples)
+    load_npz(f, other)
+    out['load_s'] = time.perf_counter() - t
+    other.finalize()
     return out
 
 
@@ -208,17 +213,21 @@ def measure_torch(n, stateful=False):
         numpy.savez_compressed(f, state=numpy.frombuffer(blob, numpy.uint8))
         out['save_s'] = time.perf_counter() - t
         out['snapshot_bytes'] = len(f.getvalue())
+    del it, loader          # its workers stop, as chainiter's have
+    gc.collect()
+    if stateful:
         # A state of 2 workers loads only into a loader of 2 workers;
-        # load_state_dict() keeps it and iter() applies it, and iter()
-        # starts the workers too.
+        # load_state_dict() keeps it and iter() applies it (and starts
+        # the workers, as chainiter's constructor does).
+        f.seek(0)
+        t = time.perf_counter()
+        state = pickle.loads(numpy.load(f)['state'].tobytes())
         other = make(Trivial(n), BATCH, shuffle=True, num_workers=WORKERS,
                      multiprocessing_context='fork')
-        t = time.perf_counter()
-        other.load_state_dict(pickle.loads(blob))
+        other.load_state_dict(state)
         resumed = iter(other)
         out['load_s'] = time.perf_counter() - t
         del resumed, other
-    del it, loader
     return out
 
 
@@ -319,7 +328,7 @@ def main(argv=None):
               '(x median)', 'slowest next() mid-epoch (x median)',
               'the same less CPU waits, boundary / mid-epoch',
               'median next()', 'extra memory', 'tree PSS',
-              'snapshot', 'save', 'load']
+              'snapshot', 'save', 'resume']
     print(' | '.join(header))
     print(' | '.join('---' for _ in header))
     for n in sizes:
