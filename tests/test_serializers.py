@@ -1,5 +1,6 @@
 import io
 import os
+import stat
 import subprocess
 import sys
 import zipfile
@@ -267,13 +268,35 @@ def test_a_snapshot_saved_over_keeps_its_mode_and_owner(tmp_path):
     loaded = Counter()
     load_npz(str(name), loaded)
     assert loaded.count == 2
-    long_name = tmp_path / ('s' * 250)
-    save_npz(str(long_name), Counter(3))
-    save_npz(str(long_name), Counter(4))
-    load_npz(str(long_name), loaded)
-    assert loaded.count == 4
+    for long_name in (tmp_path / ('s' * 250), tmp_path / ('\u00e9' * 127)):
+        save_npz(str(long_name), Counter(3))
+        save_npz(str(long_name), Counter(4))
+        load_npz(str(long_name), loaded)
+        assert loaded.count == 4
     for directory in (str(tmp_path), str(tmp_path / 'new') + os.sep):
         with pytest.raises(IsADirectoryError):
             save_npz(directory, Counter(5))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ['snap', 's' * 250])
+        ['snap', 's' * 250, '\u00e9' * 127])
+
+
+@pytest.mark.timeout(30)
+def test_a_snapshot_saved_to_a_pipe_goes_into_the_pipe(tmp_path):
+    """A path that is no regular file (a named pipe) is written into, as
+    open() writes, not replaced by a file."""
+    import threading
+    fifo = str(tmp_path / 'pipe')
+    os.mkfifo(fifo)
+    got = []
+
+    def read():
+        with open(fifo, 'rb') as f:
+            got.append(f.read())
+    reader = threading.Thread(target=read)
+    reader.start()
+    save_npz(fifo, Counter(6))
+    reader.join(10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    loaded = Counter()
+    load_npz(io.BytesIO(got[0]), loaded)
+    assert loaded.count == 6

@@ -134,7 +134,8 @@ class MultiprocessIterator(DatasetIterator):
             batches (the processes then rarely wait on each other), fewer
             as far as ``prefetch_bytes`` requires, never fewer than 2 per
             worker (as DataLoader), or per CPU when there are more workers
-            than CPUs (they share each batch in chunks; not with
+            than CPUs (they share each batch in chunks, and enough batches
+            go that every worker has one; not with
             ``converter_in_workers`` or ``maxtasksperchild``), unless the limit
             of open files (``ulimit -n``) leaves room for fewer slots (each
             takes two descriptors; it takes half of what is left).
