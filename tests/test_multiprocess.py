@@ -22,7 +22,7 @@ from chainiter import (
     SerialIterator,
     concat_examples,
 )
-from chainiter.iterators._stats import usable_cpus
+from chainiter._cpus import usable_cpus
 import helpers
 from helpers import (
     AugmentedDataset,

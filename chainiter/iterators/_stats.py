@@ -15,8 +15,9 @@ line whether the loop is input-bound or compute-bound.
 """
 
 import math
-import os
 import time
+
+from chainiter._cpus import usable_cpus
 
 #: ``diagnose`` calls a loop input-bound when next() waited at least this
 #: fraction of the time.
@@ -127,13 +128,6 @@ class InputStats:
         warm-up, or an evaluation that is not part of the loop)."""
         self._timing = Timing(time.perf_counter())
         self._stats_window_started()
-
-
-def usable_cpus():
-    """The CPUs this process may run on."""
-    if hasattr(os, 'sched_getaffinity'):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def diagnose(iterator, threshold=INPUT_BOUND_FRACTION):

@@ -16,13 +16,13 @@ import weakref
 
 import numpy
 
+from chainiter._cpus import usable_cpus
 from chainiter._interrupts import uninterrupted
 from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
     ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
 from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators._stats import usable_cpus
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
     by_value, converted, list_layout, read, remote, share, stacked_layout,
@@ -127,7 +127,7 @@ class MultiprocessIterator(DatasetIterator):
         dataset, batch_size, repeat, shuffle, order_sampler, seed, shard:
             as for ``SerialIterator``; the batches are the same.
         n_processes (int or None): worker processes (None: the CPUs this
-            process may use).
+            process may use: its affinity, within a cgroup CPU quota).
         n_prefetch (int or None): batches in flight ahead of the one
             handed out; each holds a slot of shared memory.  None (the
             default) sizes it from the first batch: 16 per worker for small
