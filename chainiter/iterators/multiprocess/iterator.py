@@ -220,8 +220,10 @@ class MultiprocessIterator(DatasetIterator):
                  prefetch_bytes=PREFETCH_BYTES, shard=None,
                  converter_in_workers=False):
         self._pool = None
+        # Read once (cgroup files: 0.15 ms), not at each tuning in next().
+        self._cpus = usable_cpus()
         if n_processes is None:
-            n_processes = usable_cpus()
+            n_processes = self._cpus
         n_processes = _args.positive_int(
             'n_processes', n_processes,
             hint='; use SerialIterator to load in the main process')
@@ -346,7 +348,7 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         if self._in_workers or self.maxtasksperchild is not None:
             return 2 * n
-        return max(2 * min(n, usable_cpus()), -(-n // self.batch_size))
+        return max(2 * min(n, self._cpus), -(-n // self.batch_size))
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
@@ -356,12 +358,13 @@ class MultiprocessIterator(DatasetIterator):
         n = self.n_processes
         group = self._group
         fits = self.prefetch_bytes * group // max(slot_bytes, 1) - 2
-        depth = max(self._floor_depth(), min(self._max_depth, fits))
         if group > 1:
             # As many batches in flight as one by one, in groups; each
             # worker still has two (small: fewer would be split in more
             # chunks, each a message).
-            depth = max(2 * n, -(-depth // group))
+            depth = max(2 * n, -(-min(self._max_depth, fits) // group))
+        else:
+            depth = max(self._floor_depth(), min(self._max_depth, fits))
         room = descriptor_room()
         if room is not None:
             # A slot holds two descriptors here (its file's and its
