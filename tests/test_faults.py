@@ -591,6 +591,58 @@ def test_the_self_tuning_depth_stays_within_the_descriptors(method,
     assert 1 <= depth // group < 32
 
 
+ONE_GROUP_SCRIPT = '''
+import os, resource, sys, warnings
+sys.path.insert(0, {tests!r})
+import numpy
+import chainiter
+
+
+class Grouped(chainiter.MultiprocessIterator):
+    # Groups of 4 batches from the third batch on, whatever the speed.
+    GROUP_AFTER = 2
+    GROUP_S = 10.0
+    MAX_GROUP = 4
+
+
+def main():
+    # Descriptors for one group in flight: each is needed by the next()
+    # right after the one that sent it (the receiver thread may be
+    # sending it then), and each must take a free slot.
+    dataset = numpy.arange(3 * 4000, dtype=numpy.float32).reshape(4000, 3)
+    open_now = len(os.listdir('/proc/self/fd'))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 56, hard))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with Grouped(dataset, 5, n_processes=2, shuffle=False,
+                     start_method={method!r},
+                     converter=chainiter.concat_examples) as it:
+            for i in range(2000):
+                j = i * 5 % 4000
+                assert (next(it) == dataset[j:j + 5]).all()
+            print('STATS', it.stats['by_copy'], it.stats['prefetch'],
+                  it.stats['batches_per_task'])
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def test_one_group_in_flight_is_loaded_once_into_its_slot(method, tmp_path):
+    # Each group once: a group loaded twice left its second slot owned by
+    # a batch no one takes, and the batches came by copy.
+    child = run_script(tmp_path, ONE_GROUP_SCRIPT, method=method)
+    assert 'WARNING' not in child.stdout, child.stdout
+    stats, = [line.split()[1:] for line in child.stdout.splitlines()
+              if line.startswith('STATS')]
+    assert list(map(int, stats)) == [1, 4, 4]
+
+
 AS_SCRIPT = '''
 import resource, sys, warnings
 sys.path.insert(0, {tests!r})

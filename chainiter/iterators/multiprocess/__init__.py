@@ -21,6 +21,10 @@
      │                               book.worker_exited, its tasks to others
   read.read_batch (views of the slot) ─► the user
 
+A group of small batches loaded as one is not submitted in ``next()``:
+``pool.post`` queues it, and the receiver thread submits it (the same
+``pool.submit``) between the main thread's ``next()`` calls.
+
 One file, one idea:
 
 - ``iterator.py``: the iterator; turns steps into batches and back.
@@ -28,7 +32,8 @@ One file, one idea:
   under one lock; what the main thread calls.
 - ``book.py``: pure bookkeeping (batches, chunks, generations, which worker
   holds which task, what a death means).
-- ``receiver.py``: the only thread that reads from the workers.
+- ``receiver.py``: the only thread that reads from the workers; it also
+  submits what was posted.
 - ``worker_handle.py``: the pool's handle on one worker (its outbox, the
   slots it has been sent).
 - ``forks.py``: what a fork of the main process means for the pools.

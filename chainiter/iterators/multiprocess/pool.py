@@ -2,14 +2,16 @@
 receiver thread, under one lock.
 
 The main thread calls ``submit`` (a batch is cut into tasks, each recorded
-in the book and put in a worker's outbox), ``wait`` (the next batch, in
-order, from the ready queue) and ``hand_out``.  The receiver thread
+in the book and put in a worker's outbox) or ``post`` (the receiver thread
+submits it soon, between the main thread's ``next()`` calls), ``wait``
+(the next batch, in order, from the ready queue) and ``hand_out``.  The receiver thread
 (``receiver.py``) reads results and exits and writes what the outboxes
 hold.  Workers are started by the launcher (``launch.py``): at
 construction, then only from the receiver thread, so that an interrupt in
 the main thread never cuts a start short.
 """
 
+import collections
 import os
 import queue
 import time
@@ -50,6 +52,7 @@ class Pool:
         self.workers = {}        # key -> Worker
         self.gone = []           # exited workers whose sockets may close
         self.events = []         # warnings to raise in the main thread
+        self.posted = collections.deque()   # (generation, job): post()
         self.closed = False
         # The worker whose messages are being changed: when an exception
         # interrupts that, its stream may end inside a message, or its
@@ -163,24 +166,78 @@ class Pool:
     # ---- the main thread's side -------------------------------------------
 
     def submit(self, step, seed, cuts=()):
+        """Send a batch to the workers (after what was posted); returns
+        its handle, for ``wait``."""
         # Uninterrupted: a Ctrl-C between recording a task and sending it
         # would leave it held by its worker for good (and its slot busy).
         # The wait for the lock stays interruptible.
         with self.lock, uninterrupted():
-            book = self.book
-            slot = self._free_slot()
-            buffers = self.slots.buffers if slot is not None else None
-            batch, tasks = book.open_batch(
-                step, seed, slot, buffers,
-                -1 if slot is None else slot.index,
-                -1 if buffers is None else buffers.id, cuts)
-            if slot is not None:
-                slot.owner = (batch.generation, batch.seq)
-            if book.failure is not None:
-                self._put_ready(book.ready_failed(batch))
-            for task in tasks:
-                self._send_task(task, main_thread=True)
-            self._flushed()
+            self._submit_posted()
+            return self._submit(step, seed, cuts)
+
+    def post(self, job):
+        """Have the receiver thread submit ``job`` soon, in the order
+        posted: it sets ``job.handle`` to ``submit(*job.task())`` (or
+        ``job.error``, see ``submit_posted``).  The
+        caller only queues it: the submission's bookkeeping and messages
+        (0.3 ms of a group of small batches), and the worker they wake,
+        which on a busy machine takes the caller's CPU, fall between the
+        main thread's ``next()`` calls, while it trains.  A job posted
+        before ``new_generation`` is dropped."""
+        self.posted.append((self.book.generation, job))
+        # The receiver thread submits it when it next wakes, as it does
+        # for each result while batches are loading (and it does not
+        # rest); else it is woken now.  Waking it from here would have it
+        # take the CPU from this thread, on a busy machine, at once.
+        if not self.book.inflight or self.receiver.resting:
+            self.receiver.nudge()
+
+    def submit_job(self, job):
+        """Submit ``job`` now, in this thread, if it has not been (after
+        what was posted before it): its handle is needed before the
+        receiver thread got to it.  Under the lock: the receiver thread
+        may be submitting it."""
+        with self.lock, uninterrupted():
+            self._submit_posted()
+            if job.handle is None and job.error is None:
+                job.handle = self._submit(*job.task())
+
+    def submit_posted(self):
+        """The receiver thread's side of ``post``.  What a job raises is
+        kept as its ``error``, for the main thread to raise from the
+        ``next()`` that needs it (that ``next()`` then rewinds, and the
+        jobs after it are dropped with their generation)."""
+        with self.lock:
+            self._submit_posted(keep_errors=True)
+
+    def _submit_posted(self, keep_errors=False):
+        posted = self.posted
+        while posted:
+            generation, job = posted.popleft()
+            if generation != self.book.generation:
+                continue
+            try:
+                job.handle = self._submit(*job.task())
+            except Exception as e:
+                if not keep_errors:
+                    raise
+                job.error = e
+
+    def _submit(self, step, seed, cuts):
+        book = self.book
+        slot = self._free_slot()
+        buffers = self.slots.buffers if slot is not None else None
+        batch, tasks = book.open_batch(
+            step, seed, slot, buffers,
+            -1 if slot is None else slot.index,
+            -1 if buffers is None else buffers.id, cuts)
+        if slot is not None:
+            slot.owner = (batch.generation, batch.seq)
+        if book.failure is not None:
+            self._put_ready(book.ready_failed(batch))
+        for task in tasks:
+            self._send_task(task, main_thread=True)
+        self._flushed()
         return batch.generation, batch.seq
 
     def _free_slot(self):
@@ -265,6 +322,7 @@ class Pool:
             for worker in self.workers.values():
                 if worker.outbox.is_torn():
                     self._retire(worker)
+            self.posted.clear()
             self.book.new_generation()
         self.receiver.want()
 

@@ -2,7 +2,7 @@
 
 It waits on every worker's socket (to read results; to write too while
 its outbox holds messages), on the launcher (exits) and on a wake-up pipe,
-all at once.  It rests while enough finished batches wait for the consumer:
+all at once, and submits what the main thread posted.  It rests while enough finished batches wait for the consumer:
 results then pile up in the sockets and one wake-up reads several, instead
 of one wake-up per result.  It never rests while a message waits in an
 outbox or a task waits for a worker.
@@ -59,6 +59,19 @@ class Receiver:
 
     def wake(self):
         self._dirty = True      # the workers or their outboxes changed
+        self._write_wake_up()
+
+    @property
+    def resting(self):
+        """It may be resting: a result need not wake it."""
+        return not self._wanted
+
+    def nudge(self):
+        """Stop resting and submit what was posted (``Pool.post``)."""
+        self._wanted = True
+        self._write_wake_up()
+
+    def _write_wake_up(self):
         try:
             os.write(self._wake_w, b'w')
         except OSError:
@@ -96,7 +109,7 @@ class Receiver:
     def _may_rest(self):
         pool = self._pool
         return pool.ready.qsize() >= _READY_HIGH and \
-            not pool.book.unassigned and \
+            not pool.posted and not pool.book.unassigned and \
             not any(w.outbox.pending for w in list(pool.workers.values()))
 
     def _run(self):
@@ -119,6 +132,8 @@ class Receiver:
                             [self._wake_r], [], [], POLL_S)[0]:
                         self._drain_wake_ups()
                         continue
+                if pool.posted:
+                    pool.submit_posted()
                 self._watch(selector, watched)
                 ready = selector.select(POLL_S)
                 if self._stop.is_set():
@@ -143,9 +158,11 @@ class Receiver:
                         pool.replenish()
         except BaseException as e:   # a bug here must not hang next()
             if not pool.closed:
-                pool.ready.put(ChainiterError(
+                error = ChainiterError(
                     'the receiver thread of MultiprocessIterator failed: '
-                    '{!r}'.format(e)))
+                    '{!r}'.format(e))
+                error.__cause__ = e
+                pool.ready.put(error)
             raise
         finally:
             selector.close()
