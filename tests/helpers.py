@@ -2,6 +2,7 @@
 
 import functools
 import io
+import os
 import types
 
 import numpy
@@ -140,6 +141,20 @@ INIT_MARK = {}
 
 def mark_worker(worker_id):
     INIT_MARK['worker_id'] = worker_id
+
+
+class SchedulingPolicy:
+    """Each example is the scheduling policy of the process loading it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return os.sched_getscheduler(0)
+
+
+def normal_policy(worker_id):
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 class Failing:

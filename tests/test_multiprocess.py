@@ -450,6 +450,23 @@ def test_worker_init_fn_and_worker_info(method):
     assert chainiter.get_worker_info() is None
 
 
+@pytest.mark.skipif(not hasattr(os, 'SCHED_BATCH'),
+                    reason='Linux scheduling policies')
+def test_workers_do_not_preempt_the_training_loop(method):
+    # SCHED_BATCH: a worker woken by a task waits for the scheduler's tick
+    # instead of taking the CPU from the main process; a worker_init_fn
+    # may set another policy.
+    policy = os.sched_getscheduler(0)
+    with MultiprocessIterator(helpers.SchedulingPolicy(), 4, n_processes=2,
+                              shuffle=False, start_method=method) as it:
+        assert set(next(it) + next(it)) == {os.SCHED_BATCH}
+    with MultiprocessIterator(helpers.SchedulingPolicy(), 4, n_processes=2,
+                              shuffle=False, start_method=method,
+                              worker_init_fn=helpers.normal_policy) as it:
+        assert set(next(it) + next(it)) == {os.SCHED_OTHER}
+    assert os.sched_getscheduler(0) == policy
+
+
 def worker_rngs(method, seed, torch):
     """``{worker id: (torch's seed, a first draw of random, of numpy)}``
     of both workers (batches are read until each has loaded one: under
