@@ -594,11 +594,10 @@ class MultiprocessIterator(DatasetIterator):
     def _collect_member(self, member):
         group = member.group
         if group.handle is None:
-            # Posted, and the receiver thread has not got to it yet; or
-            # not full: it goes with what it has.
-            if self._open is group:
-                self._open = None
-            self._pool.submit_job(group)
+            if self._open is group:     # not full: it goes as it is
+                self._send(group)
+            # Posted, and the receiver thread has not got to it yet.
+            self._pool.submit_posted()
             if group.error is not None:
                 raise group.error
         if not group.arrived:

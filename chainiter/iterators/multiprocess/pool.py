@@ -2,13 +2,14 @@
 receiver thread, under one lock.
 
 The main thread calls ``submit`` (a batch is cut into tasks, each recorded
-in the book and put in a worker's outbox) or ``post`` (the receiver thread
-submits it soon, between the main thread's ``next()`` calls), ``wait``
-(the next batch, in order, from the ready queue) and ``hand_out``.  The receiver thread
-(``receiver.py``) reads results and exits and writes what the outboxes
-hold.  Workers are started by the launcher (``launch.py``): at
-construction, then only from the receiver thread, so that an interrupt in
-the main thread never cuts a start short.
+in the book and put in a worker's outbox) or ``post`` (the receiver
+thread submits it soon, between the main thread's ``next()`` calls),
+``wait`` (the next batch, in order, from the ready queue) and
+``hand_out``.  The receiver thread (``receiver.py``) reads results and
+exits and writes what the outboxes hold.  Workers are started by the
+launcher (``launch.py``): at construction, then only from the receiver
+thread, so that an interrupt in the main thread never cuts a start
+short.
 """
 
 import collections
@@ -178,12 +179,12 @@ class Pool:
     def post(self, job):
         """Have the receiver thread submit ``job`` soon, in the order
         posted: it sets ``job.handle`` to ``submit(*job.task())`` (or
-        ``job.error``, see ``submit_posted``).  The
-        caller only queues it: the submission's bookkeeping and messages
-        (0.3 ms of a group of small batches), and the worker they wake,
-        which on a busy machine takes the caller's CPU, fall between the
-        main thread's ``next()`` calls, while it trains.  A job posted
-        before ``new_generation`` is dropped."""
+        ``job.error``, see ``submit_posted``).  The caller only queues it:
+        the submission's bookkeeping and messages (0.3 ms of a group of
+        small batches), and the worker they wake, which on a busy machine
+        takes the caller's CPU, fall between the main thread's ``next()``
+        calls, while it trains.  A job posted before ``new_generation`` is
+        dropped."""
         self.posted.append((self.book.generation, job))
         # The receiver thread submits it when it next wakes, as it does
         # for each result while batches are loading (and it does not
@@ -192,23 +193,17 @@ class Pool:
         if not self.book.inflight or self.receiver.resting:
             self.receiver.nudge()
 
-    def submit_job(self, job):
-        """Submit ``job`` now, in this thread, if it has not been (after
-        what was posted before it): its handle is needed before the
-        receiver thread got to it.  Under the lock: the receiver thread
-        may be submitting it."""
+    def submit_posted(self, keep_errors=False):
+        """Submit what was posted, in order: the receiver thread's side of
+        ``post``, or the main thread's when it needs a job's handle
+        before the receiver thread got to it (under the lock: that thread
+        may be submitting it).  With ``keep_errors`` (the receiver
+        thread) what a job raises is kept as its ``error``, for the main
+        thread to raise from the ``next()`` that needs it (that ``next()``
+        then rewinds, and the jobs after it are dropped with their
+        generation)."""
         with self.lock, uninterrupted():
-            self._submit_posted()
-            if job.handle is None and job.error is None:
-                job.handle = self._submit(*job.task())
-
-    def submit_posted(self):
-        """The receiver thread's side of ``post``.  What a job raises is
-        kept as its ``error``, for the main thread to raise from the
-        ``next()`` that needs it (that ``next()`` then rewinds, and the
-        jobs after it are dropped with their generation)."""
-        with self.lock:
-            self._submit_posted(keep_errors=True)
+            self._submit_posted(keep_errors)
 
     def _submit_posted(self, keep_errors=False):
         posted = self.posted

@@ -2,10 +2,11 @@
 
 It waits on every worker's socket (to read results; to write too while
 its outbox holds messages), on the launcher (exits) and on a wake-up pipe,
-all at once, and submits what the main thread posted.  It rests while enough finished batches wait for the consumer:
-results then pile up in the sockets and one wake-up reads several, instead
-of one wake-up per result.  It never rests while a message waits in an
-outbox or a task waits for a worker.
+all at once, and submits what the main thread posted.  It rests while
+enough finished batches wait for the consumer: results then pile up in
+the sockets and one wake-up reads several, instead of one wake-up per
+result.  It never rests while a message waits in an outbox or a task
+waits for a worker.
 """
 
 import os
@@ -133,7 +134,7 @@ class Receiver:
                         self._drain_wake_ups()
                         continue
                 if pool.posted:
-                    pool.submit_posted()
+                    pool.submit_posted(keep_errors=True)
                 self._watch(selector, watched)
                 ready = selector.select(POLL_S)
                 if self._stop.is_set():
