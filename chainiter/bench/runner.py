@@ -39,12 +39,14 @@ from chainiter.bench import workloads
 from chainiter.dataset.convert import concat_examples
 
 _PAGE = 4096
-# Memory is sampled often while loaders start (when buffers and workers
-# come up), then less often: a sample costs the measuring process ~2 ms of
-# CPU, which would otherwise slow every loader measured on a small machine.
+# Memory is sampled often while loaders start and warm up (when buffers and
+# workers come up), then once a second while examples/s is timed: a sample
+# walks every page the process tree maps, 15-25 ms of CPU with 38 MB
+# batches (chainiter's slots or DataLoader's shared tensors alike), which
+# at the start-up rate would take a tenth of a 2-core machine from the
+# loader being timed.
 _PSS_INTERVAL_S = 0.05
-_PSS_STARTUP_S = 2.0
-_PSS_STEADY_INTERVAL_S = 0.25
+_PSS_TIMED_INTERVAL_S = 1.0
 
 
 def touch(batch):
@@ -121,7 +123,7 @@ class PeakPss:
 
     def __init__(self):
         self.peak = 0
-        self._fast_until = time.monotonic() + _PSS_STARTUP_S
+        self.interval = _PSS_INTERVAL_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -129,9 +131,11 @@ class PeakPss:
     def _run(self):
         while not self._stop.is_set():
             self.sample()
-            self._stop.wait(
-                _PSS_INTERVAL_S if time.monotonic() < self._fast_until
-                else _PSS_STEADY_INTERVAL_S)
+            self._stop.wait(self.interval)
+
+    def timing(self):
+        """Sample seldom from now on: the loader is being timed."""
+        self.interval = _PSS_TIMED_INTERVAL_S
 
     def sample(self):
         total = sum(_pss_bytes(p) for p in _descendants(os.getpid()))
@@ -301,6 +305,7 @@ def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
     while time.perf_counter() < warm_end:
         touch(next_batch())
     n = 0
+    pss.timing()
     t0 = time.perf_counter()
     while True:
         touch(next_batch())
