@@ -13,7 +13,7 @@ from chainiter.iterators.multiprocess import read, stacked_layout
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
 from chainiter.iterators.multiprocess.stacked_rows import (
-    as_rows, write_stacked_chunk, write_stacked_example)
+    ExampleRows, as_rows, write_stacked_chunk, write_stacked_example)
 
 BATCH = 4
 
@@ -90,10 +90,9 @@ def write(layout, chunks, one_by_one=False):
             whole, layout, start, examples)
         if rows is None:
             metas = []
-            specs = [None] * len(layout.fields)
+            writer = ExampleRows(whole, layout, start)
             for row, example in enumerate(examples, start):
-                meta = write_stacked_example(whole, layout, start, row,
-                                             example, specs)
+                meta = writer.write(row, example)
                 metas.append(Whole(example) if meta is None else meta)
             rows = as_rows(layout, metas)
         results.append(rows)
@@ -175,3 +174,60 @@ def test_padded_fields_keep_their_capacity_and_cut_to_the_batch():
     stacked, _, _ = read.read_batch(whole, layout, results)
     assert describe(numpy.ascontiguousarray(a) for a in stacked) == \
         describe(padding(batch))
+
+
+def _odd_examples():
+    """Examples of (float32 array of 2x3, label) that mostly match the
+    first one, and some that differ in each way a field can."""
+    x = numpy.arange(6, dtype=numpy.float32).reshape(2, 3)
+    return [
+        (x, 1),
+        (x + 1, 2),
+        (x.astype('>f4'), 3),              # other byte order: converted
+        (x.astype(numpy.float64), 4),      # another dtype
+        (x[:1], 5),                        # another shape
+        (x + 2, numpy.int64(6)),           # a numpy int for a Python int
+        (x + 3, 2 ** 63),                  # too large for int64
+        (x + 4, -2 ** 63),
+        (x + 5, True),                     # a bool for an int
+        (x + 6, 7.0),                      # a float for an int
+        (x + 7, numpy.int32(8)),
+        (x.T.copy().T, 9),                 # Fortran order, same shape
+        [x, 10],                           # a list, not a tuple
+        (x, 11, 12),                       # another length
+        (x + 8, 13),
+    ]
+
+
+@pytest.mark.parametrize('examples', [
+    _odd_examples(),
+    [numpy.float32(j) for j in range(4)] + [1.5, numpy.float64(2),
+                                            numpy.float32(3)],
+    [1.5, 2.5, numpy.float64(3), 4, True, numpy.float32(5), 6.5],
+    [True, False, numpy.bool_(True), 1, 0.0, False],
+], ids=['arrays-and-labels', 'float32-scalars', 'floats', 'bools'])
+def test_examples_like_the_first_are_written_as_every_example_is(examples):
+    """``ExampleRows`` (what a worker's sink uses) gives the same bytes
+    and results as ``write_stacked_example`` for every example, those
+    that match the chunk's first and those that do not."""
+    structure = 'tuple' if isinstance(examples[0], tuple) else 'single'
+    batch = [examples[0]] * BATCH
+    layout = stacked_layout.stacked_layout(batch, len(examples), None)
+    assert layout.structure == structure
+    start = 2
+    wholes, metas = [], []
+    for fast in (True, False):
+        whole = numpy.zeros(layout.slot_bytes + 64 * 8, dtype=numpy.uint8)
+        writer = ExampleRows(whole, layout, start)
+        specs = [None] * len(layout.fields)
+        out = []
+        for row, example in enumerate(examples[:len(examples) - start],
+                                      start):
+            out.append(writer.write(row, example) if fast else
+                       write_stacked_example(whole, layout, start, row,
+                                             example, specs))
+        wholes.append(whole)
+        metas.append(out)
+    assert metas[0] == metas[1]
+    assert None in metas[0] and metas[0].count(metas[0][0]) > 2
+    numpy.testing.assert_array_equal(wholes[0], wholes[1])

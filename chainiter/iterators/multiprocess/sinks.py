@@ -76,13 +76,10 @@ class _StackedSink(_TakesColumns, _EachSink):
 
     def __init__(self, whole, layout, row):
         super().__init__(whole, layout, row)
-        self.start = row
-        self.specs = [None] * len(layout.fields)   # the chunk's rows
+        self.examples = stacked_rows.ExampleRows(whole, layout, row)
 
     def write(self, example):
-        return stacked_rows.write_stacked_example(
-            self.whole, self.layout, self.start, self.row, example,
-            self.specs)
+        return self.examples.write(self.row, example)
 
     def result(self):
         if self.rows is not None:

@@ -244,6 +244,102 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
     return tuple(out)
 
 
+class ExampleRows:
+    """Writes the examples of a chunk that starts at row ``start_row``
+    one by one (``write``).  Once the first is written, the later ones
+    that have its dtypes and shapes exactly, as most have, take a short
+    way: one type and shape check and one copy per field, into views of
+    the chunk's rows made once.  Anything else goes through
+    ``write_stacked_example``, which decides as before; the bytes and the
+    results are the same either way."""
+
+    def __init__(self, whole, layout, start_row):
+        self.whole, self.layout, self.start = whole, layout, start_row
+        self.specs = [None] * len(layout.fields)
+        self._like = None       # from the first example; False: none
+
+    def write(self, row, example):
+        """``write_stacked_example``'s result for ``example`` at ``row``."""
+        like = self._like
+        if like:
+            meta = _write_like(like, row - self.start, example)
+            if meta is not None:
+                return meta
+        meta = write_stacked_example(self.whole, self.layout, self.start,
+                                     row, example, self.specs)
+        if like is None and meta is not None:
+            self._like = _like_first(self.whole, self.layout, self.start,
+                                     self.specs) or False
+        return meta
+
+
+def _like_first(whole, layout, start_row, specs):
+    """``(structure, fields, meta)`` for ``_write_like``, or None where it
+    does not apply (padded fields, dict examples).  ``fields`` holds per
+    field its dtype, shape, the range of Python ints it takes and a view
+    of the chunk's rows; ``meta`` is the result of every such example."""
+    if layout.padded or layout.structure not in ('tuple', 'single') or \
+            None in specs:
+        return None
+    offsets = sorted(f.offset for f in layout.fields) + [layout.slot_bytes]
+    fields = []
+    for field, (dtype, shape) in zip(layout.fields, specs):
+        size = spec_bytes((dtype, shape))
+        start = field.offset + start_row * field.row_bytes
+        end = offsets[offsets.index(field.offset) + 1]
+        n = (end - start) // size if size else 0
+        if n <= 0:
+            return None
+        view = whole[start:start + n * size].view(dtype).reshape(
+            (n,) + shape)
+        ints = _int_range(dtype) if shape == () else None
+        fields.append((dtype, shape, ints, view))
+    meta = tuple((dtype.str, shape) for dtype, shape in specs)
+    return layout.structure, tuple(fields), meta
+
+
+def _int_range(dtype):
+    """The Python ints ``numpy.asarray`` turns into ``dtype``: for the
+    default int's dtype, those it holds; else none."""
+    if dtype != numpy.dtype(int):
+        return None
+    info = numpy.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _write_like(like, k, example):
+    """Write ``example`` into the chunk's ``k``-th rows when each field
+    has exactly the first example's dtype and shape (an ndarray, a numpy
+    scalar of that dtype, or a Python bool, int or float that numpy makes
+    that dtype); its meta, or None (nothing written) when not."""
+    structure, fields, meta = like
+    if structure == 'tuple':
+        if type(example) is not tuple or len(example) != len(fields):
+            return None
+        values = example
+    else:
+        values = (example,)
+    for value, (dtype, shape, ints, _) in zip(values, fields):
+        kind = type(value)
+        if kind is numpy.ndarray:
+            if value.dtype != dtype or value.shape != shape:
+                return None
+        elif shape != () or not (
+                kind is dtype.type or
+                (kind is float and dtype == _FLOAT) or
+                (kind is bool and dtype == _BOOL) or
+                (kind is int and ints is not None and
+                 ints[0] <= value <= ints[1])):
+            return None
+    for value, (_, _, _, view) in zip(values, fields):
+        view[k] = value
+    return meta
+
+
+_FLOAT = numpy.dtype(float)
+_BOOL = numpy.dtype(bool)
+
+
 def example_specs(layout, metas):
     """Per example: ``(chunk's first row, its fields' (dtype str, shape))``,
     or the ``Whole`` it came as; from the chunks' results (``Rows`` or
