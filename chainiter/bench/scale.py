@@ -12,7 +12,10 @@ repeats), it prints:
   with a snapshot and takes 48 untimed, while its pipeline refills and
   its groups are chosen;
   DataLoader starts its next epoch with ``iter()``, as its epoch loop
-  does);
+  does).  Every loader first takes 80 batches untimed after its first:
+  the first window timed after a start runs slower throughout (its
+  median ``next()`` was up to 2x the later windows'), which would make
+  its slowest call look smaller against it;
 - mid-epoch: the same figure for 16 batches away from the boundary, the
   control: on a shared or virtual machine a ``next()`` of 0.1 ms varies
   by 2x or more anyway (a Python loop of the same length does too), and
@@ -119,6 +122,16 @@ def _timed_nexts(it, count, first_s=None):
     return times
 
 
+def _warm_up(it, position):
+    """Take as many batches untimed as a timed window of chainiter
+    takes (after a jump to ``position``), so that no timed window is the
+    first after the start."""
+    state = it.state_dict()
+    state['current_position'] = position
+    it.load_state_dict(state)
+    _timed_nexts(it, WARM + 2 * AROUND)
+
+
 def _slowest(out, name, times):
     """The slowest of ``times`` in ``out`` as ``name_max_s`` and against
     their median as ``name_ratio``; ``name_own_ratio``: the same less the
@@ -139,6 +152,7 @@ def measure_chainiter(n):
     out['construct_s'] = time.perf_counter() - t
     with it:
         next(it)
+        _warm_up(it, n // 4 // BATCH * BATCH)
         state = it.state_dict()
         state['current_position'] = n - (WARM + AROUND) * BATCH
         it.load_state_dict(state)
@@ -193,6 +207,7 @@ def measure_torch(n, stateful=False):
     it = iter(loader)
     next(it)
     gc.collect()
+    _timed_nexts(it, WARM + 2 * AROUND)     # as _warm_up
     _timed_nexts(it, WARM)
     rss = _rss_bytes()
     before = _timed_nexts(it, AROUND)
