@@ -4,7 +4,9 @@ or a corrupted position."""
 
 import gc
 import threading
+import time
 
+import numpy
 import pytest
 
 import chainiter
@@ -96,6 +98,41 @@ def test_finalize_releases_shared_memory_at_once(method):
     # that the mapping keeps).
     assert helpers.mapped_buffers() == (before[0] + 1, before[1] + 1)
     assert (batch[:, 0, 0] == range(32, 40)).all()   # and it is intact
+    del batch
+    assert helpers.mapped_buffers() == before
+
+
+@pytest.mark.timeout(120)
+def test_finalize_releases_the_slots_of_grouped_batches_at_once(method):
+    # At the defaults small batches go to the workers in groups, and the
+    # receiver thread reads each group's arrays as it arrives: those
+    # waiting to be handed out must not keep their slots mapped either.
+    gc.collect()
+    before = helpers.mapped_buffers()
+    n = 4000
+    dataset = chainiter.datasets.TupleDataset(
+        numpy.arange(n * 16, dtype=numpy.float32).reshape(n, 16),
+        numpy.arange(n))
+    it = MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=chainiter.concat_examples,
+                              start_method=method)
+    taken = 0
+    deadline = time.monotonic() + 60
+    while it.stats['batches_per_task'] == 1:
+        assert time.monotonic() < deadline, it.stats
+        batch = next(it)
+        taken += 1
+    group = it.stats['batches_per_task']
+    for _ in range(4 * group):     # past the batches sent one by one
+        batch = next(it)
+        taken += 1
+    while it.stats['ready'] < 2 * group:     # two groups read ahead
+        assert time.monotonic() < deadline, it.stats
+        threading.Event().wait(0.01)
+    it.finalize()
+    assert helpers.mapped_buffers() == (before[0] + 1, before[1] + 1)
+    first = taken - 1
+    assert (batch[1] == range(4 * first, 4 * first + 4)).all()
     del batch
     assert helpers.mapped_buffers() == before
 

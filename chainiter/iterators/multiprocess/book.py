@@ -34,6 +34,7 @@ class Batch:
         self.results = {}
         self.deaths = 0
         self.failure = None        # raised instead of the batch
+        self.prepared = None       # (exporter, stacked): Pool._read_ahead
 
 
 class _Held:

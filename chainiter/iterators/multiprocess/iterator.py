@@ -500,7 +500,10 @@ class MultiprocessIterator(DatasetIterator):
         """``(stacked, examples, by_copy)``: the stacked batch read from
         its slot, or else its examples, to convert."""
         pool = self._pool
+        prepared = batch.prepared
         exporter = pool.hand_out(batch)
+        if prepared is not None:    # read by the receiver thread
+            return prepared[1], None, False
         if exporter is None:     # the batch came through the socket
             examples = [meta.example for chunk in chunks for meta in chunk]
             if pool.slots.layout is None:
@@ -565,6 +568,7 @@ class MultiprocessIterator(DatasetIterator):
             if self._group == 1:
                 self._regroup = (0, None, None)
             self._pool.slots.batch_size = group * self.batch_size
+            self._pool.read_ahead = True
             self._group = group
             self._tune_depth(self._pool.slots.layout.slot_bytes)
 
@@ -674,6 +678,7 @@ class MultiprocessIterator(DatasetIterator):
                 # out in the order they were sent.
                 self._send(self._open)
             self._group = 1
+            self._pool.read_ahead = False
             self._regroup = None
             self._prefetch_depth = self._pool.book.n_prefetch
 

@@ -19,6 +19,8 @@ import time
 import threading
 import warnings
 
+import numpy
+
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError,
@@ -27,7 +29,8 @@ from chainiter.errors import (
     TimeoutWarning,
     WorkerRestartWarning,
 )
-from chainiter.iterators.multiprocess import forks, receiver, share
+from chainiter.iterators.multiprocess import (
+    forks, read, receiver, share, wire)
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
@@ -54,6 +57,9 @@ class Pool:
         self.gone = []           # exited workers whose sockets may close
         self.events = []         # warnings to raise in the main thread
         self.posted = collections.deque()   # (generation, job): post()
+        # Whether the receiver thread reads each finished batch's stacked
+        # arrays (``_read_ahead``): set while batches go in groups.
+        self.read_ahead = False
         self.closed = False
         # The worker whose messages are being changed: when an exception
         # interrupts that, its stream may end inside a message, or its
@@ -301,7 +307,8 @@ class Pool:
         that every array of the hand-out must view (None: no slot)."""
         if batch.slot is None:
             return None
-        exporter = self.slots.exporter(batch)
+        exporter = self.slots.exporter(batch) if batch.prepared is None \
+            else batch.prepared[0]
         with self.lock:
             self.slots.lease(batch.slot, exporter)
         return exporter
@@ -335,7 +342,41 @@ class Pool:
 
     def _put_ready(self, batches):
         for batch in batches:
+            if self.read_ahead:
+                self._read_ahead(batch)
             self.ready.put(batch)
+
+    def _read_ahead(self, batch):
+        """Read the stacked arrays of a finished batch now (in the
+        receiver thread, while the main thread trains), for ``hand_out``
+        and the iterator to take as they are (``batch.prepared``): the
+        ``next()`` that takes a group's first batch then does no more than
+        the others.  Only the common case: every chunk loaded, every
+        example in its rows, one array per field.  Not leased yet: the
+        slot stays the batch's until it is handed out, and a batch
+        dropped by a new generation is never handed out (its views keep
+        the memory mapped until they go, as a user's would)."""
+        if batch.failure is not None or batch.slot is None or \
+                batch.buffers.layout.mode != 'stacked':
+            return
+        chunks = []
+        for i in range(batch.n_chunks):
+            result = batch.results[i]
+            if result.error is not None:
+                return
+            if type(result.metas) is wire.Parts:     # a padded group's
+                chunks.extend(result.metas.metas)
+            else:
+                chunks.append(result.metas)
+        try:
+            exporter = self.slots.exporter(batch)
+            stacked, _, oversize = read.read_batch(
+                numpy.frombuffer(exporter, dtype=numpy.uint8),
+                batch.buffers.layout, chunks)
+        except Exception:
+            return      # the main thread reads it, and raises what it may
+        if stacked is not None and not oversize:
+            batch.prepared = (exporter, stacked)
 
     def on_result(self, worker, generation, seq, chunk, payload):
         self._put_ready(self.book.on_result(worker.key, generation, seq,
@@ -428,6 +469,14 @@ class Pool:
         self.ready.put(_CLOSED)
         if self.receiver.is_alive():
             self.receiver.stop()
+        # Batches read ahead view their slots: drop them, so that the
+        # slots are unmapped now (and _CLOSED goes back for any waiter).
+        while True:
+            try:
+                self.ready.get_nowait()
+            except queue.Empty:
+                break
+        self.ready.put(_CLOSED)
         for worker in self.gone:
             worker.close()
         for worker in list(self.workers.values()):
