@@ -266,6 +266,10 @@ class Pool:
                 batch = self.ready.get(
                     timeout=timeout if timeout else receiver.POLL_S)
             except queue.Empty:
+                # Handled outside the except block: a Ctrl-C landing in
+                # the handling would print queue.Empty's traceback too.
+                batch = None
+            if batch is None:
                 if timeout:
                     warnings.warn(
                         'no batch arrived for {} seconds (dataset_timeout); '
