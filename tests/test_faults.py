@@ -417,7 +417,7 @@ def test_slots_that_do_not_fit_dev_shm_go_to_the_temporary_directory(
     # Only the first batch, which sizes the slots, came by copy.
     assert 'BY_COPY 1' in out.stdout, out.stdout
     if size == '0':
-        assert 'WARNING' not in out.stdout, out.stdout
+        assert not helpers.warning_lines(out.stdout), out.stdout
     else:
         assert 'so they were placed in {}'.format(tmp) in out.stdout, \
             out.stdout
@@ -580,7 +580,7 @@ if __name__ == '__main__':
 def test_the_self_tuning_depth_stays_within_the_descriptors(method,
                                                            tmp_path):
     child = run_script(tmp_path, TUNED_FDS_SCRIPT, method=method)
-    assert 'WARNING' not in child.stdout, child.stdout
+    assert not helpers.warning_lines(child.stdout), child.stdout
     stats, = [line.split()[1:] for line in child.stdout.splitlines()
               if line.startswith('STATS')]
     by_copy, depth, group = map(int, stats)
@@ -637,7 +637,7 @@ def test_one_group_in_flight_is_loaded_once_into_its_slot(method, tmp_path):
     # Each group once: a group loaded twice left its second slot owned by
     # a batch no one takes, and the batches came by copy.
     child = run_script(tmp_path, ONE_GROUP_SCRIPT, method=method)
-    assert 'WARNING' not in child.stdout, child.stdout
+    assert not helpers.warning_lines(child.stdout), child.stdout
     stats, = [line.split()[1:] for line in child.stdout.splitlines()
               if line.startswith('STATS')]
     assert list(map(int, stats)) == [1, 4, 4]
