@@ -14,7 +14,7 @@ repeats), it prints:
   DataLoader starts its next epoch with ``iter()``, as its epoch loop
   does).  Every loader first takes 80 batches untimed after its first:
   the first window timed after a start runs slower throughout (its
-  median ``next()`` was up to 2x the later windows'), which would make
+  median ``next()`` was 1.1-4x the later windows'), which would make
   its slowest call look smaller against it;
 - mid-epoch: the same figure for 16 batches away from the boundary, the
   control: on a shared or virtual machine a ``next()`` of 0.1 ms varies

@@ -18,6 +18,9 @@ _shape = operator.attrgetter('shape')
 _JOIN_BYTES = 4096
 # The field dtype numpy.asarray gives a list of these Python numbers.
 _PLAIN = {numpy.dtype(int).str: int, numpy.dtype(float).str: float}
+# The dtypes numpy makes of a Python float and bool.
+_FLOAT = numpy.dtype(float)
+_BOOL = numpy.dtype(bool)
 # Values of one of these types (all of the same) have one dtype.
 _SCALARS = (numpy.generic, bool, int, float, complex)
 
@@ -335,9 +338,6 @@ def _write_like(like, k, example):
         view[k] = value
     return meta
 
-
-_FLOAT = numpy.dtype(float)
-_BOOL = numpy.dtype(bool)
 
 
 def example_specs(layout, metas):
