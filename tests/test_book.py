@@ -265,6 +265,42 @@ def test_waits_double_no_workers_that_already_wait_for_cpus():
     assert count == 4
 
 
+def test_workers_beyond_twice_the_cpus_stop_when_the_first_batch_waited():
+    # 16 workers on 2 CPUs: the first batch's loading waited for CPUs
+    # longer than a quarter of it (0.06 s against 0.04 s), so 4 take
+    # tasks.  All 16 cutting the first 38 MB batches among them took
+    # twice as long to reach full speed.
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+
+    def first(n, cpus, queued_s):
+        return ActiveWorkers(n, cpus).batch(False, 0.0, 0.04, 32, 32,
+                                            queued_s)
+
+    assert first(16, 2, 0.06) == 4
+    assert first(16, 1, 0.06) == 2
+    assert first(3, 1, 0.06) == 2
+    assert first(16, 8, 0.06) == 16
+    assert first(16, None, 0.06) == 16
+    # Workers that wait on I/O hardly wait for CPUs: all stay.
+    assert first(16, 2, 0.005) == 16
+
+
+def test_workers_stopped_at_the_first_batch_join_again_when_needed():
+    from chainiter.iterators.multiprocess.book import ActiveWorkers
+    active = ActiveWorkers(16, cpus=2)
+    assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
+    # Then the windows decide as for any count: a window in which next()
+    # waited, the workers no longer waiting for CPUs (they wait on I/O
+    # now, say), doubles them.
+    from chainiter.iterators.multiprocess.book import ADAPT_BATCHES
+    counts = []
+    for i in range(1, ADAPT_BATCHES + 1):
+        counts.append(active.batch(i % 4 == 0, 0.01 * i, 0.04 + 0.01 * i,
+                                   32 * (i + 1), 32, 0.06))
+    assert counts[:-1] == [4] * (ADAPT_BATCHES - 1)
+    assert counts[-1] == 8
+
+
 def test_a_single_worker_stays():
     from chainiter.iterators.multiprocess.book import ActiveWorkers
     active = ActiveWorkers(1)

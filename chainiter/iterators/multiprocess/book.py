@@ -62,7 +62,8 @@ ADAPT_BATCHES = 64
 
 
 class ActiveWorkers:
-    """How many of the ``n`` workers take tasks: all of them at first,
+    """How many of the ``n`` workers take tasks: all of them at first
+    (unless the first batch finds them crowded on the ``cpus``, below),
     twice as many (up to all) after ``next()`` waited for batches; else,
     when the consumer is slower than the loading, those that the loading
     keeps busy and a margin (1.5 times the workers busy on average, plus
@@ -85,13 +86,23 @@ class ActiveWorkers:
     speed of 2.  Nor do waits of ``next()`` double the workers when they
     wait for CPUs that long already (a quarter of their loading).
 
+    The first batch tells the crowd at once: when its loading waited that
+    long for a CPU and there are more workers than twice the ``cpus``,
+    twice the ``cpus`` take tasks (at least two), and the windows go on
+    from there.  Workers beyond that only help while they wait on
+    something else (I/O, a lock), and then the first batch does not wait
+    for CPUs.  16 workers on 2 CPUs, all of them cutting the first
+    batches of 38 MB among them, took 1-1.25 s to reach full speed; 4
+    took 0.5 s.
+
     Pure: ``batch`` is told the time and the workers' loading seconds,
     examples and seconds waiting for a CPU.
     """
 
-    def __init__(self, n):
+    def __init__(self, n, cpus=None):
         self.n = n
         self.count = n
+        self._cpus = cpus
         self._start = None      # (time, loading seconds, examples loaded)
         self._batches = 0
         self._waited = 0
@@ -105,6 +116,8 @@ class ActiveWorkers:
         take tasks from now on."""
         if self._start is None:
             self._start = (now, load_s, loaded, queued_s)
+            if self._cpus is not None and queued_s * 4 > load_s:
+                self.count = min(self.n, max(2, 2 * self._cpus))
             return self.count
         self._batches += 1
         self._waited += bool(waited)
@@ -138,7 +151,8 @@ class ActiveWorkers:
 
 class Book:
 
-    def __init__(self, n_workers, n_prefetch, max_tasks, split=True):
+    def __init__(self, n_workers, n_prefetch, max_tasks, split=True,
+                 cpus=None):
         self.n_workers = n_workers
         self.n_prefetch = n_prefetch
         self.max_tasks = max_tasks
@@ -158,7 +172,7 @@ class Book:
         self.loaded = 0            # the examples loaded in those seconds
         self.queued_s = 0.0        # and the seconds they waited for a CPU
         self.active = n_workers    # how many take tasks (ActiveWorkers)
-        self._active_workers = ActiveWorkers(n_workers)
+        self._active_workers = ActiveWorkers(n_workers, cpus)
 
     # ---- workers -------------------------------------------------------
 

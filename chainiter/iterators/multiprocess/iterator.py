@@ -425,7 +425,7 @@ class MultiprocessIterator(DatasetIterator):
                           dataset, self.n_processes, self._worker_seed,
                           self.worker_init_fn, self.maxtasksperchild,
                           self._prefetch_depth, slots,
-                          split=not self._in_workers)
+                          split=not self._in_workers, cpus=self._cpus)
         self._finalizer = weakref.finalize(self, self._pool.close)
 
     @property

@@ -45,11 +45,11 @@ class Pool:
     the iterator finalizes the pool."""
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
-                 max_tasks, n_prefetch, slots, split=True):
+                 max_tasks, n_prefetch, slots, split=True, cpus=None):
         self.owner = os.getpid()   # only this process may use or close it
         self.method = ctx.get_start_method()
         self.lock = threading.Lock()
-        self.book = Book(n_workers, n_prefetch, max_tasks, split)
+        self.book = Book(n_workers, n_prefetch, max_tasks, split, cpus)
         # In flight, the one the user holds, and one being handed out.
         self.slots = slots
         self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
