@@ -137,6 +137,39 @@ def test_finalize_releases_the_slots_of_grouped_batches_at_once(method):
     assert helpers.mapped_buffers() == before
 
 
+def test_a_resting_receiver_thread_is_woken_by_what_next_needs(
+        method, monkeypatch):
+    # The receiver thread rests while batches wait for the consumer, and
+    # the main thread wakes it when it posts a group or takes the batches
+    # down to few.  Otherwise it would look at the sockets only every
+    # POLL_S: with ten minutes, a wake-up lost stalls next() past the
+    # test's timeout.
+    from chainiter.iterators.multiprocess import receiver
+    monkeypatch.setattr(receiver, 'POLL_S', 600)
+    n = 1200
+    dataset = chainiter.datasets.TupleDataset(
+        numpy.zeros((n, 4), dtype=numpy.float32), numpy.arange(n))
+    it = MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=chainiter.concat_examples,
+                              start_method=method)
+    rests = 0
+    with it:
+        for epoch in range(3):
+            for i in range(n // 4):
+                if i % 20 == 0 and (epoch or i):
+                    # The pipeline fills: the thread rests.
+                    deadline = time.monotonic() + 60
+                    while not it._pool.receiver.sleeping:
+                        assert time.monotonic() < deadline, it.stats
+                        threading.Event().wait(0.001)
+                    rests += 1
+                batch = next(it)
+                assert (batch[1] == range(4 * i, 4 * i + 4)).all()
+                assert it.epoch == epoch + (i == n // 4 - 1)
+        assert it.stats['batches_per_task'] > 1     # groups were posted
+    assert rests == 44
+
+
 def test_iterator_made_in_a_thread_that_ends(method):
     made = []
     maker = threading.Thread(target=lambda: made.append(MultiprocessIterator(

@@ -226,6 +226,9 @@ class Pool:
 
     def _submit(self, step, seed, cuts):
         book = self.book
+        # The receiver thread may rest when nothing is loading: it must
+        # read this batch's results.
+        idle = not book.inflight
         slot = self._free_slot()
         buffers = self.slots.buffers if slot is not None else None
         batch, tasks = book.open_batch(
@@ -239,6 +242,8 @@ class Pool:
         for task in tasks:
             self._send_task(task, main_thread=True)
         self._flushed()
+        if idle and self.receiver.resting:
+            self.receiver.nudge()
         return batch.generation, batch.seq
 
     def _free_slot(self):

@@ -3,15 +3,16 @@
 It waits on every worker's socket (to read results; to write too while
 its outbox holds messages), on the launcher (exits) and on a wake-up pipe,
 all at once, and submits what the main thread posted.  It rests while
-enough finished batches wait for the consumer: results then pile up in
+enough finished batches wait for the consumer (results then pile up in
 the sockets and one wake-up reads several, instead of one wake-up per
-result.  It never rests while a message waits in an outbox or a task
-waits for a worker.
+result), or when no batch is loading.  It never rests while a message
+waits in an outbox or a task waits for a worker, or when it was asked to
+look at the workers.  Resting, it waits on a lock, not on the sockets
+(see ``_write_wake_up``), and looks at the sockets every ``POLL_S``.
 """
 
 import os
 import pickle
-import select
 import selectors
 import signal
 import threading
@@ -47,6 +48,11 @@ class Receiver:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        # Resting, it waits on this lock instead, held while no wake-up is
+        # pending (see _write_wake_up).
+        self._signal = threading.Lock()
+        self._signal.acquire()
+        self._on_signal = False     # it rests on _signal, not the pipe
         self._thread = threading.Thread(
             target=self._run, name='chainiter-receiver', daemon=True)
 
@@ -67,12 +73,33 @@ class Receiver:
         """It may be resting: a result need not wake it."""
         return not self._wanted
 
+    @property
+    def sleeping(self):
+        """It rests now, on the lock that a wake-up releases."""
+        return self._on_signal
+
     def nudge(self):
         """Stop resting and submit what was posted (``Pool.post``)."""
         self._wanted = True
         self._write_wake_up()
 
     def _write_wake_up(self):
+        # The lock first, then the pipe unless the thread rests on the
+        # lock (it sets _on_signal before it looks at the lock, and clears
+        # it before it looks at the lock again on its way to the pipe:
+        # no wake-up is lost).  Releasing the lock keeps the GIL: the
+        # woken thread waits for it until this thread blocks or returns
+        # to its training step.  A write to the pipe lets go of the GIL in
+        # the call, and the thread it wakes (on this CPU, at once, since
+        # the kernel expects the writer to sleep) took it and ran its
+        # 0.1-0.4 ms of submission inside the caller's next().  The main
+        # thread never holds the lock: an interrupt cannot leave it held.
+        try:
+            self._signal.release()
+        except RuntimeError:
+            pass       # released already: a wake-up is pending
+        if self._on_signal:
+            return
         try:
             os.write(self._wake_w, b'w')
         except OSError:
@@ -109,7 +136,8 @@ class Receiver:
 
     def _may_rest(self):
         pool = self._pool
-        return pool.ready.qsize() >= _READY_HIGH and \
+        return (pool.ready.qsize() >= _READY_HIGH or
+                not pool.book.inflight) and not self._check and \
             not pool.posted and not pool.book.unassigned and \
             not any(w.outbox.pending for w in list(pool.workers.values()))
 
@@ -124,19 +152,23 @@ class Receiver:
         try:
             while not self._stop.is_set():
                 if self._may_rest():
-                    # want() sets the flag and writes to the pipe: clear,
+                    # want() sets the flag and releases the lock: clear,
                     # then look again, so that no wake-up is lost.  Every
                     # POLL_S it looks at the sockets all the same, so that
                     # a death is noticed within seconds.
                     self._wanted = False
-                    if self._may_rest() and select.select(
-                            [self._wake_r], [], [], POLL_S)[0]:
-                        self._drain_wake_ups()
+                    self._on_signal = True
+                    woken = self._may_rest() and \
+                        self._signal.acquire(timeout=POLL_S)
+                    self._on_signal = False
+                    if woken:
                         continue
                 if pool.posted:
                     pool.submit_posted(keep_errors=True)
                 self._watch(selector, watched)
-                ready = selector.select(POLL_S)
+                # Woken while on its way to the pipe: a look, no wait.
+                ready = selector.select(
+                    0 if self._signal.acquire(blocking=False) else POLL_S)
                 if self._stop.is_set():
                     return
                 exited = []
