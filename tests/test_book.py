@@ -279,6 +279,7 @@ def test_workers_beyond_twice_the_cpus_stop_when_the_first_batch_waited():
     assert first(16, 2, 0.06) == 4
     assert first(16, 1, 0.06) == 2
     assert first(3, 1, 0.06) == 2
+    assert first(4, 2, 0.06) == 4
     assert first(16, 8, 0.06) == 16
     assert first(16, None, 0.06) == 16
     # Workers that wait on I/O hardly wait for CPUs: all stay.
@@ -299,6 +300,60 @@ def test_workers_stopped_at_the_first_batch_join_again_when_needed():
                                    32 * (i + 1), 32, 0.06))
     assert counts[:-1] == [4] * (ADAPT_BATCHES - 1)
     assert counts[-1] == 8
+
+
+def test_workers_capped_by_a_first_batch_that_misled_grow_within_batches():
+    # The first batch waited for CPUs (workers still starting, say), but
+    # then every next() waits and the 4 workers do not wait for CPUs: they
+    # wait on I/O.  The count doubles every GROW_BATCHES batches, not
+    # every window.
+    from chainiter.iterators.multiprocess.book import (
+        ActiveWorkers, GROW_BATCHES)
+    active = ActiveWorkers(16, cpus=2)
+    assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
+    counts = []
+    for i in range(1, 2 * GROW_BATCHES + 2):
+        counts.append(active.batch(True, 0.01 * i, 0.04 + 0.1 * i,
+                                   32 * (i + 1), 32, 0.06))
+    assert counts == [4] * (GROW_BATCHES - 1) + [8] * GROW_BATCHES + \
+        [16, 16]
+
+
+def test_workers_that_wait_for_cpus_after_the_first_batch_stay_capped():
+    from chainiter.iterators.multiprocess.book import (
+        ActiveWorkers, ADAPT_BATCHES)
+    active = ActiveWorkers(16, cpus=2)
+    assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
+    # Every next() waits, but the workers wait for CPUs as long as they
+    # load: 4 take tasks until the window decides.
+    counts = [active.batch(True, 0.01 * i, 0.04 + 0.01 * i, 32 * (i + 1),
+                           32, 0.06 + 0.01 * i)
+              for i in range(1, ADAPT_BATCHES)]
+    assert set(counts) == {4}
+
+
+def test_a_deep_pipeline_keeps_every_worker():
+    # With more batches in flight than workers, the few workers would
+    # hold the tasks of all of them, and those stay with them when more
+    # join: the first batch's cap is lifted, or never set.
+    from chainiter.iterators.multiprocess.book import ActiveWorkers, Book
+    book = Book(16, 1, None, cpus=2)
+    book.load_s, book.queued_s = 0.04, 0.06
+    book.handed_out(False, 0.0, 32)
+    assert book.active == 4
+    book.set_depth(64)
+    assert book.active == 16
+    book = Book(16, 64, None, cpus=2)
+    book.load_s, book.queued_s = 0.04, 0.06
+    book.handed_out(False, 0.0, 32)
+    assert book.active == 16
+    # A shallow depth keeps the cap.
+    book = Book(16, 4, None, cpus=2)
+    book.load_s, book.queued_s = 0.04, 0.06
+    book.handed_out(False, 0.0, 32)
+    book.set_depth(4)
+    assert book.active == 4
+    assert ActiveWorkers(16, 2).deep() == 16
 
 
 def test_a_single_worker_stays():

@@ -60,6 +60,10 @@ class Exit:
 #: How many batches ``ActiveWorkers`` looks at before it decides again.
 ADAPT_BATCHES = 64
 
+#: How many batches, most of them waited for, double the workers that
+#: the first batch found crowded (``ActiveWorkers``).
+GROW_BATCHES = 2
+
 
 class ActiveWorkers:
     """How many of the ``n`` workers take tasks: all of them at first
@@ -88,12 +92,17 @@ class ActiveWorkers:
 
     The first batch tells the crowd at once: when its loading waited that
     long for a CPU and there are more workers than twice the ``cpus``,
-    twice the ``cpus`` take tasks (at least two), and the windows go on
-    from there.  Workers beyond that only help while they wait on
-    something else (I/O, a lock), and then the first batch does not wait
-    for CPUs.  16 workers on 2 CPUs, all of them cutting the first
-    batches of 38 MB among them, took 1-1.25 s to reach full speed; 4
-    took 0.5 s.
+    twice the ``cpus`` take tasks (at least two).  Workers beyond that
+    only help while they wait on something else (I/O, a lock).  16
+    workers on 2 CPUs, all of them cutting the first batches of 38 MB
+    among them, took 1-1.25 s to reach full speed; 4 took 0.5 s.  The
+    first batch may wait for CPUs for other reasons (workers still
+    starting, a first access that builds an index), so until a window
+    has decided, every ``GROW_BATCHES`` batches in which ``next()``
+    mostly waited and the workers did not wait for CPUs double the count.
+    Nor does the cap stay for a deep pipeline (``deep``): the few workers
+    would hold the tasks of all its batches, which do not move to the
+    workers that join later.
 
     Pure: ``batch`` is told the time and the workers' loading seconds,
     examples and seconds waiting for a CPU.
@@ -103,10 +112,21 @@ class ActiveWorkers:
         self.n = n
         self.count = n
         self._cpus = cpus
+        self._capped = False    # by the first batch, no window since
+        self._deep = False      # deep() was called: no cap
         self._start = None      # (time, loading seconds, examples loaded)
         self._batches = 0
         self._waited = 0
         self._handed = 0        # examples handed out in the window
+
+    def deep(self):
+        """More batches in flight than workers: the first batch's cap, if
+        still on, is lifted; returns the count."""
+        self._deep = True
+        if self._capped:
+            self.count = self.n
+            self._capped = False
+        return self.count
 
     def batch(self, waited, now, load_s, loaded, size, queued_s=0.0):
         """A batch of ``size`` examples was handed out (``waited``:
@@ -116,24 +136,34 @@ class ActiveWorkers:
         take tasks from now on."""
         if self._start is None:
             self._start = (now, load_s, loaded, queued_s)
-            if self._cpus is not None and queued_s * 4 > load_s:
-                self.count = min(self.n, max(2, 2 * self._cpus))
+            if self._cpus is not None and queued_s * 4 > load_s and \
+                    self.n > 2 * self._cpus and not self._deep:
+                self.count = max(2, 2 * self._cpus)
+                self._capped = True
             return self.count
         self._batches += 1
         self._waited += bool(waited)
         self._handed += size
-        if self._batches >= ADAPT_BATCHES:
-            start_t, start_load, start_loaded, start_queued = self._start
+        start_t, start_load, start_loaded, start_queued = self._start
+        # Workers that wait for CPUs as long as a quarter of their loading
+        # share the cores already: more of them would only wait longer
+        # (and take the core from the consumer), so waits of next() then
+        # double nothing.
+        crowded = (queued_s - start_queued) * 4 > load_s - start_load
+        if self._capped and self._batches >= GROW_BATCHES and \
+                self._waited * 2 >= self._batches and \
+                load_s > start_load and not crowded:
+            self.count = min(self.n, 2 * self.count)
+            self._capped = self.count < self.n
+            self._start = (now, load_s, loaded, queued_s)
+            self._batches = self._waited = self._handed = 0
+        elif self._batches >= ADAPT_BATCHES:
+            self._capped = False
             span = now - start_t
             if loaded > start_loaded:       # what an example costs now
                 per_example = (load_s - start_load) / (loaded - start_loaded)
             else:
                 per_example = load_s / loaded if loaded else 0.0
-            # Workers that wait for CPUs as long as a quarter of their
-            # loading share the cores already: more of them would only
-            # wait longer (and take the core from the consumer), so waits
-            # of next() then double nothing.
-            crowded = (queued_s - start_queued) * 4 > load_s - start_load
             if (self._waited * 20 > self._batches and not crowded) or \
                     span <= 0:
                 self.count = min(self.n, 2 * self.count)
@@ -173,6 +203,7 @@ class Book:
         self.queued_s = 0.0        # and the seconds they waited for a CPU
         self.active = n_workers    # how many take tasks (ActiveWorkers)
         self._active_workers = ActiveWorkers(n_workers, cpus)
+        self.set_depth(n_prefetch)
 
     # ---- workers -------------------------------------------------------
 
@@ -250,6 +281,12 @@ class Book:
         self._hold(held, task)
         held.sent += 1
         return key
+
+    def set_depth(self, depth):
+        """``depth`` batches (or groups) in flight from now on."""
+        self.n_prefetch = depth
+        if depth >= self.n_workers:
+            self.active = self._active_workers.deep()
 
     def handed_out(self, waited, now, size):
         """A batch of ``size`` examples was handed out at ``now``

@@ -340,7 +340,7 @@ class Pool:
     def set_depth(self, depth):
         """Batches in flight from now on (the chunking follows it)."""
         with self.lock:
-            self.book.n_prefetch = depth
+            self.book.set_depth(depth)
 
     def use_layout(self, layout):
         """Switch to buffers for ``layout`` (MemoryError: no room)."""
