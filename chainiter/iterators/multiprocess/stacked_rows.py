@@ -339,7 +339,6 @@ def _write_like(like, k, example):
     return meta
 
 
-
 def example_specs(layout, metas):
     """Per example: ``(chunk's first row, its fields' (dtype str, shape))``,
     or the ``Whole`` it came as; from the chunks' results (``Rows`` or
