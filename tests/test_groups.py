@@ -312,3 +312,43 @@ def test_groups_grow_once_the_loading_gets_cheaper(method, monkeypatch):
             sizes.append(it.stats['batches_per_task'])
     assert got == expected
     assert 1 < sizes[10] < 8 and sizes[-1] == 8, sizes
+
+
+def _wait_ready(it, count, timeout=30):
+    """Until ``count`` batches wait loaded (each group's arrive whole)."""
+    deadline = time.monotonic() + timeout
+    while it.stats['ready'] < count:
+        assert time.monotonic() < deadline, it.stats
+        time.sleep(0.001)
+
+
+def test_a_rewind_anywhere_in_a_group_loses_no_batch(method):
+    # While a group is handed out, next() takes in the next group (its
+    # batch taken from the pool, then read) a step at a call. A state
+    # loaded into the running iterator at any of those steps drops the
+    # groups ahead, whatever step they are at: the batches that follow
+    # are the serial ones, and the arrays held keep their values.
+    dataset = _dataset('tuple')
+    expected = _expected(dataset, 200, shuffle=True, seed=7)
+    before = shm_files()
+    with _mp(dataset, method, shuffle=True, seed=7) as it:
+        for _ in range(50):
+            next(it)
+        assert it.stats['batches_per_task'] == 4
+        held = []
+        position = 50
+        for taken in range(1, 25):
+            state = it.state_dict()
+            # Two groups loaded: the first one's calls take in the second.
+            _wait_ready(it, 8)
+            batches = [next(it) for _ in range(taken % 8 + 1)]
+            got = [fingerprint(b) for b in batches]
+            assert got == expected[position:position + len(got)], taken
+            held.append((batches, got))
+            it.load_state_dict(state)
+            assert fingerprint(next(it)) == expected[position]
+            position += 1
+        for batches, got in held:
+            assert [fingerprint(b) for b in batches] == got
+        del held, batches
+    assert shm_files() <= before

@@ -141,17 +141,21 @@ class ActiveWorkers:
                 self.count = max(2, 2 * self._cpus)
                 self._capped = True
             return self.count
+        # Most batches only count (this runs in next()).
         self._batches += 1
-        self._waited += bool(waited)
+        if waited:
+            self._waited += 1
         self._handed += size
+        if self._batches < GROW_BATCHES or not self._capped and \
+                self._batches < ADAPT_BATCHES:
+            return self.count
         start_t, start_load, start_loaded, start_queued = self._start
         # Workers that wait for CPUs as long as a quarter of their loading
         # share the cores already: more of them would only wait longer
         # (and take the core from the consumer), so waits of next() then
         # double nothing.
         crowded = (queued_s - start_queued) * 4 > load_s - start_load
-        if self._capped and self._batches >= GROW_BATCHES and \
-                self._waited * 2 >= self._batches and \
+        if self._capped and self._waited * 2 >= self._batches and \
                 load_s > start_load and not crowded:
             self.count = min(self.n, 2 * self.count)
             self._capped = self.count < self.n

@@ -31,7 +31,7 @@ from chainiter.errors import (
 )
 from chainiter.iterators.multiprocess import (
     forks, read, receiver, share, wire)
-from chainiter.iterators.multiprocess.book import Book
+from chainiter.iterators.multiprocess.book import Batch, Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
@@ -53,6 +53,8 @@ class Pool:
         # In flight, the one the user holds, and one being handed out.
         self.slots = slots
         self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
+        # What ``take`` got from the ready queue and left for ``wait``.
+        self._peeked = None
         self.workers = {}        # key -> Worker
         self.gone = []           # exited workers whose sockets may close
         self.events = []         # warnings to raise in the main thread
@@ -182,7 +184,7 @@ class Pool:
             self._submit_posted()
             return self._submit(step, seed, cuts)
 
-    def post(self, job):
+    def post(self, job, wake=True):
         """Have the receiver thread submit ``job`` soon, in the order
         posted: it sets ``job.handle`` to ``submit(*job.task())`` (or
         ``job.error``, see ``submit_posted``).  The caller only queues it:
@@ -190,13 +192,21 @@ class Pool:
         small batches), and the worker they wake, which on a busy machine
         takes the caller's CPU, fall between the main thread's ``next()``
         calls, while it trains.  A job posted before ``new_generation`` is
-        dropped."""
+        dropped.  Without ``wake`` the caller calls ``wake_posted`` in a
+        later ``next()``."""
         self.posted.append((self.book.generation, job))
-        # The receiver thread submits it when it next wakes, as it does
-        # for each result while batches are loading (and it does not
-        # rest); else it is woken now.  Waking it from here would have it
-        # take the CPU from this thread, on a busy machine, at once.
-        if not self.book.inflight or self.receiver.resting:
+        if wake:
+            self.wake_posted()
+
+    def wake_posted(self):
+        """Have the receiver thread submit what was posted now."""
+        # It does when it next wakes, as it does for each result while
+        # batches are loading (and it does not rest); else it is woken
+        # now.  The wake-up (a release of the lock it rests on) costs the
+        # caller 0.01-0.03 ms: the woken thread may take its CPU for a
+        # moment.
+        if self.posted and (not self.book.inflight or
+                            self.receiver.resting):
             self.receiver.nudge()
 
     def submit_posted(self, keep_errors=False):
@@ -264,16 +274,19 @@ class Pool:
         """The finished ``Batch`` of ``handle``; warns every ``timeout``
         seconds while waiting."""
         generation, seq = handle
-        waited = self.ready.empty()
+        waited = self._peeked is None and self.ready.empty()
         while True:
             self.raise_events()
-            try:
-                batch = self.ready.get(
-                    timeout=timeout if timeout else receiver.POLL_S)
-            except queue.Empty:
-                # Handled outside the except block: a Ctrl-C landing in
-                # the handling would print queue.Empty's traceback too.
-                batch = None
+            batch, self._peeked = self._peeked, None
+            if batch is None:
+                try:
+                    batch = self.ready.get(
+                        timeout=timeout if timeout else receiver.POLL_S)
+                except queue.Empty:
+                    # Handled outside the except block: a Ctrl-C landing
+                    # in the handling would print queue.Empty's traceback
+                    # too.
+                    batch = None
             if batch is None:
                 if timeout:
                     warnings.warn(
@@ -303,6 +316,31 @@ class Pool:
                                      len(batch.step))
                 return batch
 
+    def n_ready(self):
+        """The finished batches that wait in order for ``wait``."""
+        return self.ready.qsize() + (self._peeked is not None)
+
+    def take(self, handle):
+        """The finished batch of ``handle`` when it is the next ready and
+        was read ahead (``_read_ahead``), else None, without waiting:
+        whatever else is next stays for ``wait``.  The iterator takes a
+        group's batch so while it hands out the group before, to spread
+        its bookkeeping over the ``next()`` calls."""
+        batch = self._peeked
+        if batch is None:
+            try:
+                batch = self._peeked = self.ready.get_nowait()
+            except queue.Empty:
+                return None
+        if type(batch) is not Batch or batch.prepared is None or \
+                batch.seq != handle[1] or batch.generation != handle[0] or \
+                self.closed:
+            return None
+        self._peeked = None
+        self.receiver.consumed()
+        self.book.handed_out(False, time.perf_counter(), len(batch.step))
+        return batch
+
     def raise_events(self):
         if not self.events:
             return
@@ -316,8 +354,9 @@ class Pool:
         that every array of the hand-out must view (None: no slot)."""
         if batch.slot is None:
             return None
-        exporter = self.slots.exporter(batch) if batch.prepared is None \
-            else batch.prepared[0]
+        if batch.prepared is not None:      # leased by _read_ahead
+            return batch.prepared[0]
+        exporter = self.slots.exporter(batch)
         with self.lock:
             self.slots.lease(batch.slot, exporter)
         return exporter
@@ -335,7 +374,26 @@ class Pool:
                     self._retire(worker)
             self.posted.clear()
             self.book.new_generation()
+            self._drop_ready()
         self.receiver.want()
+
+    def _drop_ready(self):
+        """Drop the finished batches waiting for ``wait`` (all of earlier
+        generations now): those read ahead hold their slots while they
+        are referenced.  What else waits there (an error, ``_CLOSED``)
+        stays."""
+        kept = [] if self._peeked is None or type(self._peeked) is Batch \
+            else [self._peeked]
+        self._peeked = None
+        while True:
+            try:
+                item = self.ready.get_nowait()
+            except queue.Empty:
+                break
+            if type(item) is not Batch:
+                kept.append(item)
+        for item in kept:
+            self.ready.put(item)
 
     def set_depth(self, depth):
         """Batches in flight from now on (the chunking follows it)."""
@@ -361,10 +419,9 @@ class Pool:
         and the iterator to take as they are (``batch.prepared``): the
         ``next()`` that takes a group's first batch then does no more than
         the others.  Only the common case: every chunk loaded, every
-        example in its rows, one array per field.  Not leased yet: the
-        slot stays the batch's until it is handed out, and a batch
-        dropped by a new generation is never handed out (its views keep
-        the memory mapped until they go, as a user's would)."""
+        example in its rows, one array per field.  The slot is leased
+        now: it is free again once the arrays are gone, handed out or
+        not (``new_generation`` drops those never to be handed out)."""
         if batch.failure is not None or batch.slot is None or \
                 batch.buffers.layout.mode != 'stacked':
             return
@@ -386,6 +443,7 @@ class Pool:
             return      # the main thread reads it, and raises what it may
         if stacked is not None and not oversize:
             batch.prepared = (exporter, stacked)
+            self.slots.lease(batch.slot, exporter)
 
     def on_result(self, worker, generation, seq, chunk, payload):
         self._put_ready(self.book.on_result(worker.key, generation, seq,
@@ -480,6 +538,7 @@ class Pool:
             self.receiver.stop()
         # Batches read ahead view their slots: drop them, so that the
         # slots are unmapped now (and _CLOSED goes back for any waiter).
+        self._peeked = None
         while True:
             try:
                 self.ready.get_nowait()
