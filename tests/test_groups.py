@@ -4,6 +4,7 @@ Nothing the user sees changes: the batches, the resume, the errors, the
 arrays a user holds."""
 
 import functools
+import os
 import time
 import warnings
 
@@ -352,3 +353,33 @@ def test_a_rewind_anywhere_in_a_group_loses_no_batch(method):
             assert [fingerprint(b) for b in batches] == got
         del held, batches
     assert shm_files() <= before
+
+
+def test_forks_keep_only_the_slots_of_batches_handed_out(method):
+    # A fork retires the slots that arrays handed out view (the child may
+    # read them): the batches loaded ahead and read by the receiver
+    # thread were not handed out, and their slots go on being used. A
+    # fork for each evaluation (Chainer's Evaluator copies the iterator;
+    # a fork iterator forks its launcher) must not keep the pipeline's
+    # slots, and their descriptors, every time.
+    dataset = _dataset('tuple')
+    expected = _expected(dataset, 250, shuffle=True, seed=2)
+    with _mp(dataset, method, shuffle=True, seed=2) as it:
+        got = [fingerprint(next(it)) for _ in range(50)]
+        assert it.stats['batches_per_task'] == 4
+        counts = []
+        for _ in range(5):
+            got += [fingerprint(next(it)) for _ in range(40)]
+            _wait_ready(it, 16)
+            with warnings.catch_warnings():
+                # The child only exits.
+                warnings.simplefilter('ignore', DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            counts.append(helpers.mapped_buffers())
+    assert got == expected
+    # Each fork keeps a slot or two (the group handed out, the one
+    # taken ahead; two descriptors each), not the groups loaded ahead.
+    assert counts[-1][1] - counts[0][1] <= 4 * 2 * 2, counts

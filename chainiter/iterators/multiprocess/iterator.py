@@ -88,7 +88,8 @@ class _Group:
         self.error = None       # what sending it raised (Pool.post)
         self.bounds = None      # where each batch begins, once sent
         self.arrived = False
-        self.taken = None       # its finished batch, taken ahead, unread
+        self.taken = None       # its finished batch, taken ahead, until
+        #                         the first of its batches is handed out
         self.stacked = self.examples = None
         self.by_copy = False
         self.tops = None        # padded: each batch's largest shapes
@@ -337,7 +338,7 @@ class MultiprocessIterator(DatasetIterator):
             return 0
         ahead = self._ahead_group
         return self._pool.n_ready() * self._group + (
-            0 if ahead is None or not ahead.arrived else len(ahead.steps))
+            0 if ahead is None else len(ahead.steps))
 
     def _stats_window_started(self):
         pool = self._pool
@@ -616,15 +617,19 @@ class MultiprocessIterator(DatasetIterator):
             self._pool.submit_posted()
             if group.error is not None:
                 raise group.error
-        if group.taken is not None:     # taken ahead, not read yet
-            self._arrive(group, group.taken)
-        elif not group.arrived:
-            batch, chunks, error = self._wait(group.handle)
-            if error is not None:
-                return self._ungroup()
-            self._arrive(group, batch, chunks)
-        if group is self._ahead_group:
-            self._ahead_group = None
+        if not group.arrived:
+            if group.taken is not None:     # taken ahead, not read yet
+                self._arrive(group, group.taken)
+            else:
+                batch, chunks, error = self._wait(group.handle)
+                if error is not None:
+                    return self._ungroup()
+                self._arrive(group, batch, chunks)
+        if group.taken is not None:
+            # Taken ahead: its slot is the user's from now on (a fork
+            # then keeps it for the child).
+            self._pool.hand_out(group.taken)
+            group.taken = self._ahead_group = None
         a, b = group.bounds[member.index], group.bounds[member.index + 1]
         last = member.index + 1 == len(group.steps)
         self._by_copy += group.by_copy
@@ -640,14 +645,15 @@ class MultiprocessIterator(DatasetIterator):
         examples = group.examples[a:b]
         if last:
             group.examples = None
+        self._work_ahead(member)
         return self._convert(examples)
 
     def _arrive(self, group, batch, chunks=None):
         """Take in the finished batch of a group: read it, or its
         examples, for its members to be cut from.  ``chunks``: what
-        ``_wait`` returned; None for a batch read ahead (``Pool.take``),
-        which holds no error."""
-        group.taken = None
+        ``_wait`` returned; None for the batch taken ahead
+        (``group.taken``: read by the receiver thread, no error in it,
+        handed out with its first batch)."""
         group.arrived = True
         if self._padding is not None:
             if chunks is None:
@@ -655,8 +661,11 @@ class MultiprocessIterator(DatasetIterator):
             chunks = [part for chunk in chunks for part in chunk.metas]
             group.tops = _batch_tops(batch.buffers, chunks, group.bounds)
             group.layout = batch.buffers and batch.buffers.layout
-        group.stacked, group.examples, group.by_copy = self._read(
-            batch, chunks)
+        if batch is group.taken:
+            group.stacked = batch.prepared[1]
+        else:
+            group.stacked, group.examples, group.by_copy = self._read(
+                batch, chunks)
         if self._regroup is not None and group.stacked is not None:
             self._measure_again(len(group.steps))
         if group.stacked is None and batch.slot is not None:
@@ -684,7 +693,7 @@ class MultiprocessIterator(DatasetIterator):
             self._take_ahead(member, size)
         if index == 3 * size // 4:
             ahead = self._ahead_group
-            if ahead is not None and ahead.taken is not None:
+            if ahead is not None and not ahead.arrived:
                 self._arrive(ahead, ahead.taken)
 
     def _take_ahead(self, member, size):

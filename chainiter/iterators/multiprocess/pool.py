@@ -18,6 +18,7 @@ import queue
 import time
 import threading
 import warnings
+import weakref
 
 import numpy
 
@@ -326,6 +327,8 @@ class Pool:
         whatever else is next stays for ``wait``.  The iterator takes a
         group's batch so while it hands out the group before, to spread
         its bookkeeping over the ``next()`` calls."""
+        if self.closed:
+            return None
         batch = self._peeked
         if batch is None:
             try:
@@ -333,8 +336,7 @@ class Pool:
             except queue.Empty:
                 return None
         if type(batch) is not Batch or batch.prepared is None or \
-                batch.seq != handle[1] or batch.generation != handle[0] or \
-                self.closed:
+                batch.seq != handle[1] or batch.generation != handle[0]:
             return None
         self._peeked = None
         self.receiver.consumed()
@@ -354,7 +356,11 @@ class Pool:
         that every array of the hand-out must view (None: no slot)."""
         if batch.slot is None:
             return None
-        if batch.prepared is not None:      # leased by _read_ahead
+        if batch.prepared is not None:
+            # Its exporter is in the slot already (_read_ahead); the slot
+            # is the user's from now on (SlotPool.free reads the owner
+            # once: no lock needed), and retired at a fork.
+            batch.slot.owner = None
             return batch.prepared[0]
         exporter = self.slots.exporter(batch)
         with self.lock:
@@ -419,9 +425,10 @@ class Pool:
         and the iterator to take as they are (``batch.prepared``): the
         ``next()`` that takes a group's first batch then does no more than
         the others.  Only the common case: every chunk loaded, every
-        example in its rows, one array per field.  The slot is leased
-        now: it is free again once the arrays are gone, handed out or
-        not (``new_generation`` drops those never to be handed out)."""
+        example in its rows, one array per field.  The slot holds the
+        exporter now, and is the batch's until ``hand_out``: it is free
+        again once the arrays are gone and the batch is handed out or of
+        an earlier generation (``new_generation`` drops those waiting)."""
         if batch.failure is not None or batch.slot is None or \
                 batch.buffers.layout.mode != 'stacked':
             return
@@ -443,7 +450,9 @@ class Pool:
             return      # the main thread reads it, and raises what it may
         if stacked is not None and not oversize:
             batch.prepared = (exporter, stacked)
-            self.slots.lease(batch.slot, exporter)
+            # Leased, but still the batch's (owner) until handed out: a
+            # fork retires only the slots the user may hold arrays of.
+            batch.slot.exporter = weakref.ref(exporter)
 
     def on_result(self, worker, generation, seq, chunk, payload):
         self._put_ready(self.book.on_result(worker.key, generation, seq,

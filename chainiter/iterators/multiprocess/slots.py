@@ -148,8 +148,9 @@ class SlotPool:
         in_use = None
         for k in range(buffers.next, buffers.next + len(slots)):
             slot = slots[k % len(slots)]
+            owner = slot.owner      # hand_out clears it without the lock
             if slot.shared is not None and (
-                    slot.owner is None or slot.owner[0] != generation) \
+                    owner is None or owner[0] != generation) \
                     and (slot.exporter is None or slot.exporter() is None):
                 if in_use is None:
                     in_use = busy(buffers.id)
@@ -185,7 +186,8 @@ class SlotPool:
             if buffers.id >= 0:
                 in_use = busy(buffers.id)
                 for slot in buffers.allocated():
-                    if (slot.owner is None or slot.owner[0] != generation) \
+                    owner = slot.owner
+                    if (owner is None or owner[0] != generation) \
                             and (slot.exporter is None or
                                  slot.exporter() is None) \
                             and slot.index not in in_use:
@@ -215,14 +217,16 @@ class SlotPool:
     def retire_leased(self):
         """The process has forked: the child sees every slot that arrays of
         the parent view, and may read them for as long as it lives.  Those
-        slots are never written again; new memory takes their place."""
+        slots are never written again; new memory takes their place.
+        (Not the slots of batches read ahead and not yet handed out, which
+        still have an owner: no array of the user's views them.)"""
         buffers = self.buffers
         if buffers is None:
             return
         retired = []
         for slot in buffers.slots:
-            if slot.shared is not None and slot.exporter is not None and \
-                    slot.exporter() is not None:
+            if slot.shared is not None and slot.owner is None and \
+                    slot.exporter is not None and slot.exporter() is not None:
                 retired.append(slot.shared)
                 slot.shared = slot.exporter = slot.owner = None
         if retired:
