@@ -18,7 +18,6 @@ import queue
 import time
 import threading
 import warnings
-import weakref
 
 import numpy
 
@@ -356,11 +355,8 @@ class Pool:
         that every array of the hand-out must view (None: no slot)."""
         if batch.slot is None:
             return None
-        if batch.prepared is not None:
-            # Its exporter is in the slot already (_read_ahead); the slot
-            # is the user's from now on (SlotPool.free reads the owner
-            # once: no lock needed), and retired at a fork.
-            batch.slot.owner = None
+        if batch.prepared is not None:      # its exporter in the slot
+            self.slots.hand_over(batch.slot)
             return batch.prepared[0]
         exporter = self.slots.exporter(batch)
         with self.lock:
@@ -450,9 +446,7 @@ class Pool:
             return      # the main thread reads it, and raises what it may
         if stacked is not None and not oversize:
             batch.prepared = (exporter, stacked)
-            # Leased, but still the batch's (owner) until handed out: a
-            # fork retires only the slots the user may hold arrays of.
-            batch.slot.exporter = weakref.ref(exporter)
+            self.slots.view(batch.slot, exporter)
 
     def on_result(self, worker, generation, seq, chunk, payload):
         self._put_ready(self.book.on_result(worker.key, generation, seq,

@@ -114,6 +114,15 @@ class Buffers:
         return [slot for slot in self.slots if slot.shared is not None]
 
 
+def _idle(slot, generation):
+    """No batch in flight of ``generation`` is the slot's and no array
+    handed out views it (``owner`` read once: ``hand_over`` clears it
+    without the lock)."""
+    owner = slot.owner
+    return (owner is None or owner[0] != generation) and \
+        (slot.exporter is None or slot.exporter() is None)
+
+
 class SlotPool:
 
     def __init__(self, n_slots, batch_size, stacked, padding, shared_mem):
@@ -148,10 +157,7 @@ class SlotPool:
         in_use = None
         for k in range(buffers.next, buffers.next + len(slots)):
             slot = slots[k % len(slots)]
-            owner = slot.owner      # hand_out clears it without the lock
-            if slot.shared is not None and (
-                    owner is None or owner[0] != generation) \
-                    and (slot.exporter is None or slot.exporter() is None):
+            if slot.shared is not None and _idle(slot, generation):
                 if in_use is None:
                     in_use = busy(buffers.id)
                 if slot.index in in_use:
@@ -186,11 +192,8 @@ class SlotPool:
             if buffers.id >= 0:
                 in_use = busy(buffers.id)
                 for slot in buffers.allocated():
-                    owner = slot.owner
-                    if (owner is None or owner[0] != generation) \
-                            and (slot.exporter is None or
-                                 slot.exporter() is None) \
-                            and slot.index not in in_use:
+                    if _idle(slot, generation) and \
+                            slot.index not in in_use:
                         with uninterrupted():
                             slot.shared.release()
                             slot.shared = slot.exporter = slot.owner = None
@@ -243,7 +246,23 @@ class SlotPool:
 
     @staticmethod
     def lease(slot, exporter):
+        """The batch in ``slot`` is handed out, its arrays viewing
+        ``exporter``: the slot is free once that is gone."""
+        SlotPool.view(slot, exporter)
+        SlotPool.hand_over(slot)
+
+    @staticmethod
+    def view(slot, exporter):
+        """The batch's arrays view ``exporter`` (read ahead): the slot is
+        still the batch's (``owner``) until ``hand_over``, and not kept
+        at a fork."""
         slot.exporter = weakref.ref(exporter)
+
+    @staticmethod
+    def hand_over(slot):
+        """The batch in ``slot``, its exporter in it (``view``), is handed
+        out.  Without the lock: ``_idle`` reads the owner once, and the
+        exporter, there first, keeps the slot busy."""
         slot.owner = None
 
     def release(self):
