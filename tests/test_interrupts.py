@@ -33,7 +33,6 @@ from helpers import (
     START_METHODS, AugmentedDataset, fingerprint, mapped_buffers, shm_files)
 
 
-
 class _Grouped(MultiprocessIterator):
     # Groups from the third batch on (tests/test_groups.py).
     GROUP_AFTER = 2
