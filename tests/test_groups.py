@@ -323,6 +323,27 @@ def _wait_ready(it, count, timeout=30):
         time.sleep(0.001)
 
 
+def test_ready_counts_the_batches_that_wait_when_groups_begin(
+        method, monkeypatch):
+    # When groups begin, batches loaded one by one still wait: each counts
+    # as one batch in stats['ready'], not as a group, and no more wait
+    # than were sent to the workers.
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 12)
+    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 8)
+    with _mp(_dataset('tuple'), method) as it:
+        for _ in range(11):
+            next(it)
+        assert it.stats['batches_per_task'] == 1
+        _wait_ready(it, it.stats['prefetch'])     # singles, all loaded
+        most = it.stats['prefetch']
+        for _ in range(40):
+            next(it)
+            stats = it.stats
+            most = max(most, stats['prefetch'])
+            assert stats['ready'] <= most + stats['batches_per_task'], stats
+        assert stats['batches_per_task'] == 8
+
+
 def test_a_rewind_anywhere_in_a_group_loses_no_batch(method):
     # While a group is handed out, next() takes in the next group (its
     # batch taken from the pool, then read) a step at a call. A state

@@ -23,7 +23,7 @@ from chainiter.dataset.convert import concat_examples
 from chainiter.errors import (
     ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
 from chainiter.iterators import _args, order_samplers
-from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._base import DatasetIterator, _Failed
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
     by_value, converted, list_layout, read, remote, share, stacked_layout,
@@ -334,11 +334,32 @@ class MultiprocessIterator(DatasetIterator):
         super().reset_stats()
 
     def _ready_batches(self):
+        """The batches of the finished jobs that wait in the pool (a batch,
+        or a group), and of the group taken ahead.  The pool hands jobs
+        out in the order they were sent: the first ``n_ready()`` sent and
+        not collected, a group counted once, as many batches as it has."""
         if self._pool is None:
             return 0
         ahead = self._ahead_group
-        return self._pool.n_ready() * self._group + (
-            0 if ahead is None else len(ahead.steps))
+        count = 0 if ahead is None else len(ahead.steps)
+        jobs = self._pool.n_ready()
+        last = None
+        for _, handle in list(self._pending):
+            if jobs <= 0:
+                break
+            if type(handle) is _Member:
+                group = handle.group
+                if group is last or group.handle is None or \
+                        group.arrived or group.taken is not None:
+                    continue        # counted, not sent, or collected
+                last = group
+                count += len(group.steps)
+            elif handle is None or isinstance(handle, _Failed):
+                continue            # never sent
+            else:
+                count += 1
+            jobs -= 1
+        return count
 
     def _stats_window_started(self):
         pool = self._pool
