@@ -71,19 +71,29 @@ def _inside(frame, iterator, names=('__next__',)):
     return False
 
 
+class _Timeout(Exception):
+    """What a timeout's SIGALRM handler raises."""
+
+
+# The signals of the storms, and what their handlers raise.
+SIGNALS = {'SIGINT': KeyboardInterrupt, 'SIGALRM': _Timeout}
+
+
 @contextlib.contextmanager
-def _sigint_storm(names, seed, max_gap):
-    """A thread sends SIGINT to the main thread every 0 to ``max_gap``
-    seconds; the handler raises KeyboardInterrupt where the main thread is
-    inside one of ``names`` of the iterator put in ``target``.  Yields
-    ``(counts, target)``; ``counts['raised']`` counts those raised."""
+def _sigint_storm(names, seed, max_gap, signame='SIGINT'):
+    """A thread sends SIGINT (or ``signame``) to the main thread every 0 to
+    ``max_gap`` seconds; the handler raises KeyboardInterrupt (or what
+    SIGNALS says) where the main thread is inside one of ``names`` of the
+    iterator put in ``target``.  Yields ``(counts, target)``;
+    ``counts['raised']`` counts those raised."""
     counts = {'raised': 0, 'outside': 0}
     target = []
+    signum, error = getattr(signal, signame), SIGNALS[signame]
 
     def handler(signum, frame):
         if target and _inside(frame, target[0], names):
             counts['raised'] += 1
-            raise KeyboardInterrupt
+            raise error
         counts['outside'] += 1
 
     stop = threading.Event()
@@ -92,9 +102,9 @@ def _sigint_storm(names, seed, max_gap):
 
     def fire():
         while not stop.wait(rng.uniform(0, max_gap)):
-            signal.pthread_kill(main, signal.SIGINT)
+            signal.pthread_kill(main, signum)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = signal.signal(signum, handler)
     firing = threading.Thread(target=fire, daemon=True)
     firing.start()
     try:
@@ -103,16 +113,20 @@ def _sigint_storm(names, seed, max_gap):
         firing.join(10)
     finally:
         stop.set()
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
 
 
+@pytest.mark.parametrize('signame', list(SIGNALS))
 @pytest.mark.parametrize('kind', list(KINDS))
-def test_interrupts_inside_next_lose_no_batch(kind):
+def test_interrupts_inside_next_lose_no_batch(kind, signame):
+    # A Ctrl-C, or a timeout's SIGALRM whose handler raises (as a
+    # timeout that retries next() would), anywhere inside next().
     dataset = AugmentedDataset(23)
     files = shm_files()
     buffers = mapped_buffers()
     batches = 0
-    with _sigint_storm(('__next__',), 0, 0.002) as (counts, target), \
+    with _sigint_storm(('__next__',), 0, 0.002, signame) as (
+            counts, target), \
             KINDS[kind](dataset, 5, seed=8) as it, \
             SerialIterator(dataset, 5, seed=8) as ref:
         target.append(it)
@@ -121,7 +135,7 @@ def test_interrupts_inside_next_lose_no_batch(kind):
                 counts['raised'] < 30 and batches < MAX_BATCHES):
             try:
                 got = fingerprint(next(it))
-            except KeyboardInterrupt:
+            except SIGNALS[signame]:
                 continue
             want = next(ref)
             if kind.startswith('mp-default'):
@@ -163,6 +177,42 @@ def test_an_interrupt_waits_for_the_end_of_an_uninterrupted_block():
         assert ran == ['block', 'to the end']
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_other_signals_are_held_back_in_the_order_they_came():
+    # A timeout's SIGALRM handler raises too: inside a block it waits, as
+    # a Ctrl-C does; after the block each handler runs once, in the order
+    # the signals came, and the first exception goes up.
+    calls = []
+
+    def on_alarm(signum, frame):
+        calls.append(signum)
+        raise _Timeout
+
+    previous = signal.signal(signal.SIGINT, lambda s, f: calls.append(s))
+    previous_alarm = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.raises(_Timeout):
+            with uninterrupted():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGALRM)
+                signal.raise_signal(signal.SIGINT)
+                assert calls == []
+        assert calls == [signal.SIGINT, signal.SIGALRM]
+        assert signal.getsignal(signal.SIGALRM) is on_alarm
+        del calls[:]
+        with pytest.raises(_Timeout):
+            with uninterrupted():
+                signal.raise_signal(signal.SIGALRM)
+                signal.raise_signal(signal.SIGINT)
+        assert calls == [signal.SIGALRM, signal.SIGINT]
+        with uninterrupted():       # nothing held from before
+            pass
+        assert calls == [signal.SIGALRM, signal.SIGINT]
+        assert uninterrupted.saved is None and uninterrupted.held == []
+    finally:
+        signal.signal(signal.SIGALRM, previous_alarm)
         signal.signal(signal.SIGINT, previous)
 
 
