@@ -26,32 +26,20 @@ def _hold(signum, frame):
         uninterrupted.held.append(signum)
 
 
-def _set(signum, handler):
-    """Install ``handler`` for ``signum``, whatever other signals'
-    handlers raise meanwhile (``signal.signal`` runs the pending ones
-    first); their first exception is raised once it is installed."""
-    error = None
-    while True:
-        try:
-            _sig.signal(signum, handler)
-            break
-        except BaseException as e:     # a handler not held back raised
-            if error is None:
-                error = e
-    if error is not None:
-        raise error
-
-
 def _restore(swapped):
-    """Give each ``(signum, handler)`` of ``swapped`` its handler back,
-    all of them; then raise the first exception a handler raised."""
+    """Give each ``(signum, handler)`` of ``swapped`` its handler back, all
+    of them, whatever handlers raise meanwhile (``signal.signal`` runs the
+    pending ones first, and installs nothing when one raises: it is tried
+    again); then raise the first exception."""
     error = None
     for signum, handler in swapped:
-        try:
-            _set(signum, handler)
-        except BaseException as e:
-            if error is None:
-                error = e
+        while True:
+            try:
+                _sig.signal(signum, handler)
+                break
+            except BaseException as e:
+                if error is None:
+                    error = e
     if error is not None:
         raise error
 

@@ -80,7 +80,7 @@ SIGNALS = {'SIGINT': KeyboardInterrupt, 'SIGALRM': _Timeout}
 
 
 @contextlib.contextmanager
-def _sigint_storm(names, seed, max_gap, signame='SIGINT'):
+def _signal_storm(names, seed, max_gap, signame='SIGINT'):
     """A thread sends SIGINT (or ``signame``) to the main thread every 0 to
     ``max_gap`` seconds; the handler raises KeyboardInterrupt (or what
     SIGNALS says) where the main thread is inside one of ``names`` of the
@@ -88,7 +88,7 @@ def _sigint_storm(names, seed, max_gap, signame='SIGINT'):
     ``counts['raised']`` counts those raised."""
     counts = {'raised': 0, 'outside': 0}
     target = []
-    signum, error = getattr(signal, signame), SIGNALS[signame]
+    sent, error = getattr(signal, signame), SIGNALS[signame]
 
     def handler(signum, frame):
         if target and _inside(frame, target[0], names):
@@ -102,9 +102,9 @@ def _sigint_storm(names, seed, max_gap, signame='SIGINT'):
 
     def fire():
         while not stop.wait(rng.uniform(0, max_gap)):
-            signal.pthread_kill(main, signum)
+            signal.pthread_kill(main, sent)
 
-    previous = signal.signal(signum, handler)
+    previous = signal.signal(sent, handler)
     firing = threading.Thread(target=fire, daemon=True)
     firing.start()
     try:
@@ -113,7 +113,7 @@ def _sigint_storm(names, seed, max_gap, signame='SIGINT'):
         firing.join(10)
     finally:
         stop.set()
-        signal.signal(signum, previous)
+        signal.signal(sent, previous)
 
 
 @pytest.mark.parametrize('signame', list(SIGNALS))
@@ -125,7 +125,7 @@ def test_interrupts_inside_next_lose_no_batch(kind, signame):
     files = shm_files()
     buffers = mapped_buffers()
     batches = 0
-    with _sigint_storm(('__next__',), 0, 0.002, signame) as (
+    with _signal_storm(('__next__',), 0, 0.002, signame) as (
             counts, target), \
             KINDS[kind](dataset, 5, seed=8) as it, \
             SerialIterator(dataset, 5, seed=8) as ref:
@@ -294,7 +294,7 @@ def test_interrupts_inside_reset_and_snapshot_loads(kind):
     for batches it dropped, never handing out another batch's arrays."""
     dataset = _SlowAugmented(23)
     files = shm_files()
-    with _sigint_storm(('reset', 'load_state_dict'), 1, 0.001) as (
+    with _signal_storm(('reset', 'load_state_dict'), 1, 0.001) as (
             counts, target), \
             KINDS[kind](dataset, 5, seed=8) as it, \
             SerialIterator(dataset, 5, seed=8) as ref:
