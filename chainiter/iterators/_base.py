@@ -18,6 +18,7 @@ the batch is handed out, so a snapshot never counts prefetched batches.
 
 import collections
 import copy
+import threading
 import time
 
 import numpy
@@ -347,12 +348,19 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         # One caller at a time: a second thread gets a clear error instead
         # of corrupting the state (the test and the set run with no
         # switch of thread or signal handler between them).
-        if self._busy:
+        me = threading.get_ident()
+        busy = self._busy
+        if busy == me:
+            # This thread's last call was cut short before it could say it
+            # ended (a second signal in its except clause): not two
+            # threads, but what it loaded ahead may be stale.
+            self._stale = True
+        elif busy:
             raise ChainiterError(
                 'next() was called on {} from two threads at once; call it '
                 'from one thread at a time (guard it with a lock to share '
                 'the iterator)'.format(type(self).__name__))
-        self._busy = True
+        self._busy = me
         try:
             self._check_alive()
             if self._stale:
