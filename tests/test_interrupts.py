@@ -14,6 +14,7 @@ so interrupts also land while buffers are replaced and released.
 import contextlib
 import functools
 import gc
+import mmap
 import os
 import random
 import signal
@@ -24,7 +25,8 @@ import numpy
 import pytest
 
 from chainiter import (
-    MultiprocessIterator, MultithreadIterator, SerialIterator, concat_examples)
+    IteratorFinalizedError, MultiprocessIterator, MultithreadIterator,
+    SerialIterator, concat_examples)
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
@@ -326,27 +328,16 @@ def test_interrupts_inside_reset_and_snapshot_loads(kind):
     assert shm_files() <= files
 
 
-@pytest.mark.parametrize('page_aligned', [False, True])
 @pytest.mark.parametrize('method', START_METHODS)
-def test_a_ctrl_c_while_the_dataset_arrays_are_copied(
-        method, page_aligned, monkeypatch):
+def test_a_ctrl_c_while_the_dataset_arrays_are_copied(method, monkeypatch):
     """A Ctrl-C that lands while the arrays of a dataset are copied into
     shared memory (the first workers are starting meanwhile) stops the
     constructor: no worker is left, nothing in /dev/shm, the array keeps
-    its values in private memory, and a new iterator works.  An array that
-    starts on a page boundary has no partial page before its pages (malloc
-    gives such an address about once in 256 times)."""
+    its values in private memory, and a new iterator works."""
     if method == 'fork':
         pytest.skip('forked workers share the memory: nothing is copied')
-    from chainiter.iterators.multiprocess import remap
+    page = mmap.PAGESIZE
     dataset = helpers.ReadsArrayWhenUnpickled(16)
-    if page_aligned:
-        raw = numpy.empty(dataset.data.nbytes + remap.PAGE, numpy.uint8)
-        skip = -raw.__array_interface__['data'][0] % remap.PAGE
-        aligned = raw[skip:skip + dataset.data.nbytes].view(numpy.float64)
-        aligned[...] = dataset.data
-        dataset.data = aligned
-        assert aligned.__array_interface__['data'][0] % remap.PAGE == 0
     expected = dataset.data.copy()
     writes = []
     real_pwrite = os.pwrite
@@ -354,7 +345,7 @@ def test_a_ctrl_c_while_the_dataset_arrays_are_copied(
     def pwrite(fd, data, offset):
         n = real_pwrite(fd, data, offset)
         writes.append(n)
-        if n >= remap.PAGE:         # the first whole step of pages
+        if n >= page:
             signal.raise_signal(signal.SIGINT)
         return n
 
@@ -368,11 +359,78 @@ def test_a_ctrl_c_while_the_dataset_arrays_are_copied(
     finally:
         monkeypatch.undo()
         signal.signal(signal.SIGINT, previous)
-    assert max(writes) >= remap.PAGE
+    assert max(writes) >= page
     assert not helpers.worker_pids()      # joined before the raise
-    assert not remap._moved
+    assert helpers.shared_mapping_of(dataset.data) is None
     assert numpy.array_equal(dataset.data, expected)
     assert not shm_files()
     with MultiprocessIterator(dataset, 4, n_processes=2,
                               start_method=method) as it:
         assert next(it) == [dataset.total] * 4
+
+
+def _inside_finalize(frame, iterator):
+    """Anywhere inside ``iterator.finalize()``: the pool's close that its
+    finalizer runs too."""
+    while frame is not None:
+        if frame.f_code.co_name == 'finalize' and \
+                frame.f_locals.get('self') is iterator:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize('method', START_METHODS)
+def test_a_ctrl_c_anywhere_in_finalize_leaves_nothing_behind(method):
+    """Ctrl-Cs land inside finalize() every 0-1 ms, wherever it is, and
+    the program calls finalize() again after each KeyboardInterrupt, as a
+    `with` block's exit would not: whatever was torn, no worker is left,
+    nothing is mapped or in /dev/shm, and the dataset's array is private
+    and unchanged."""
+    gc.collect()
+    files, buffers = shm_files(), mapped_buffers()
+    dataset = helpers.ReadsArrayWhenUnpickled(16)
+    expected = dataset.data.copy()
+    raised = 0
+    for seed in range(3):
+        it = MultiprocessIterator(dataset, 4, n_processes=2,
+                                  start_method=method)
+        assert next(it) == [dataset.total] * 4
+        pids = helpers.worker_pids()
+        stop = threading.Event()
+        main = threading.main_thread().ident
+        rng = random.Random(seed)
+
+        def handler(signum, frame):
+            if _inside_finalize(frame, it):
+                raise KeyboardInterrupt
+
+        def fire():
+            while not stop.wait(rng.uniform(0, 0.001)):
+                signal.pthread_kill(main, signal.SIGINT)
+
+        previous = signal.signal(signal.SIGINT, handler)
+        firing = threading.Thread(target=fire, daemon=True)
+        firing.start()
+        try:
+            for _ in range(100):
+                try:
+                    it.finalize()
+                    break
+                except KeyboardInterrupt:
+                    raised += 1
+        finally:
+            stop.set()
+            firing.join(10)
+            signal.signal(signal.SIGINT, previous)
+        with pytest.raises(IteratorFinalizedError):
+            next(it)
+        assert helpers.wait_processes_gone(pids, 30), pids
+        del it
+    assert raised, 'no Ctrl-C landed inside finalize()'
+    gc.collect()
+    assert not helpers.worker_pids()
+    assert shm_files() <= files
+    assert mapped_buffers() == buffers
+    assert helpers.shared_mapping_of(dataset.data) is None
+    assert numpy.array_equal(dataset.data, expected)

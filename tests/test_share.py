@@ -280,88 +280,90 @@ def test_what_goes_by_value_keeps_its_large_arrays_shared():
         arrays.release()
 
 
-# ---- the main process's arrays move into the block -------------------------
+# ---- the main process's arrays are never touched ---------------------------
 
-def _moved(array):
-    """Whether the middle of ``array`` lies in a shared-memory file (its
-    first and last partial pages stay private)."""
-    middle = array.reshape(-1, order='A')[array.size // 2:]
-    path = helpers.shared_mapping_of(middle)
-    return path is not None and path.startswith('/dev/shm/')
-
-
-needs_remap = pytest.mark.skipif(
-    not share.remap.available() or not os.path.isdir('/dev/shm'),
-    reason='arrays move in place on Linux only')
+def _shared(array):
+    """Whether any of ``array``'s first, middle or last bytes lie in a
+    shared-memory file (rather than the process's private memory)."""
+    flat = array.reshape(-1, order='A')
+    for part in (flat[:1], flat[flat.size // 2:], flat[-1:]):
+        path = helpers.shared_mapping_of(part)
+        if path is not None and path.startswith('/dev/shm/'):
+            return True
+    return False
 
 
-@needs_remap
-def test_main_process_arrays_move_into_the_block_and_back(method):
-    # Under spawn and forkserver the main process's own arrays move into
-    # the block its workers map (the tree holds them once) while the pool
-    # lives, and are private memory again once it closes: same values,
-    # writes kept, nothing left mapped.
+def _values(batch):
+    """A batch of BigArrays without what the loading process saw."""
+    return fingerprint([example[:-1] for example in batch])
+
+
+def test_the_main_process_arrays_stay_private_and_unchanged(method):
+    # While the workers run, restart (maxtasksperchild) and close, the
+    # dataset's arrays in the main process stay its private memory, with
+    # exactly what the main thread wrote into them between next() calls;
+    # the workers see them as they were when the iterator started.
     gc.collect()
     buffers = mapped_buffers()
     dataset = helpers.BigArrays()
-    before = [a.copy() for a in (dataset.big, dataset.fortran)]
-    got, expected = _batches(dataset, method, 4)
-    assert [fingerprint([e[:-1] for e in b]) for b in got] == \
-        [fingerprint([e[:-1] for e in b]) for b in expected]
-    assert not _moved(dataset.big) and not _moved(dataset.fortran)
-    del got, expected          # they view the iterator's buffers
+    reference = SerialIterator(helpers.BigArrays(), 4, seed=5)
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=5,
+                              maxtasksperchild=1, start_method=method) as it:
+        for k in range(12):
+            dataset.big[:] = k
+            dataset.fortran[...] = -k
+            assert _values(next(it)) == _values(next(reference)), k
+            for array in (dataset.big, dataset.fortran, dataset.strided):
+                assert not _shared(array), k
+            assert (dataset.big == k).all() and (dataset.fortran == -k).all()
+        assert dataset.big.flags.writeable
+    assert not _shared(dataset.big) and (dataset.big == 11).all()
     gc.collect()
     assert mapped_buffers() == buffers
-    for array, copy in zip((dataset.big, dataset.fortran), before):
-        numpy.testing.assert_array_equal(array, copy)
-    with MultiprocessIterator(dataset, 4, n_processes=1,
-                              start_method=method) as it:
-        next(it)
-        moved = method != 'fork'
-        assert _moved(dataset.big) == moved
-        assert _moved(dataset.fortran) == moved
-        assert not _moved(dataset.strided)     # copied contiguous: stays
-        dataset.big[2 ** 18] = -5.0
-    assert not _moved(dataset.big)
-    assert dataset.big[2 ** 18] == -5.0 and dataset.big.flags.writeable
-    dataset.big[2 ** 18] = 2 ** 18
-    numpy.testing.assert_array_equal(dataset.big, before[0])
+    assert not shm_files()
 
 
-def test_arrays_move_and_come_back_in_one_process():
+def test_arrays_are_copied_and_the_originals_stay_put():
     big = numpy.arange(2 ** 20, dtype=numpy.float64)          # 8 MiB
     view = numpy.arange(2 ** 20, dtype=numpy.int64)[1000:]    # a view: too
     small = numpy.arange(2 ** 17 - 1, dtype=numpy.float64)   # by value
+    address = big.__array_interface__['data'][0]
     got, _, arrays = _round_trip({'big': big, 'view': view, 'small': small})
     try:
-        assert _moved(big) == _moved(view) == share.remap.available()
+        assert not _shared(big) and not _shared(view)
+        assert big.__array_interface__['data'][0] == address
         numpy.testing.assert_array_equal(got['big'], big)
         numpy.testing.assert_array_equal(got['view'], view)
-        big[:] = 3.0                  # the main process's writes stay
-        assert not _moved(small)
+        big[:] = 3.0                  # the main process's writes are its own
+        assert (got['big'] == numpy.arange(2 ** 20)).all()
     finally:
         arrays.release()
-    assert not _moved(big) and not _moved(view)
     assert (big == 3.0).all()
     numpy.testing.assert_array_equal(view, numpy.arange(1000, 2 ** 20))
 
 
-@needs_remap
-def test_an_array_moves_into_one_block_only():
-    big = numpy.arange(2 ** 20, dtype=numpy.float64)
-    first, _, one = _round_trip([big])
-    second, _, two = _round_trip([big])
+def test_iterators_collected_by_the_gc_during_construction(method):
+    # Iterators dropped in reference cycles are finalized by whichever
+    # garbage collection pass comes first: often inside the next
+    # iterator's constructor, while it copies the dataset's arrays and
+    # starts workers.  Nothing waits for anything there.
+    dataset = helpers.ReadsArrayWhenUnpickled(8)
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(20)          # a pass every few allocations
     try:
-        assert _moved(big)
-        assert len(share.remap._moved) == 1
-        numpy.testing.assert_array_equal(second[0], big)
-        one.release()
-        assert not _moved(big)
-        numpy.testing.assert_array_equal(second[0], big)
+        for _ in range(4):
+            it = MultiprocessIterator(dataset, 4, n_processes=1,
+                                      start_method=method)
+            cycle = [it]
+            cycle.append(cycle)
+            assert next(it) == [dataset.total] * 4
+            del it, cycle
     finally:
-        one.release()
-        two.release()
-    numpy.testing.assert_array_equal(big, numpy.arange(2 ** 20))
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert helpers.wait_processes_gone(helpers.worker_pids(), 30)
+    assert not shm_files()
 
 
 def _write_and_report(array, queue):
@@ -369,118 +371,138 @@ def _write_and_report(array, queue):
     queue.put(float(array.sum()))
 
 
-@needs_remap
-def test_a_fork_gets_the_moved_arrays_copy_on_write():
-    # A process forked while arrays are moved (another iterator's fork
-    # workers) gets them copy-on-write, as any memory: its writes are its
-    # own.
+def test_a_forked_child_never_writes_into_the_parent_or_the_workers(method):
+    # A process forked while the workers run (another iterator's fork
+    # workers, subprocess with preexec_fn) writes into its own copy: the
+    # main process's array and what the workers read stay as they were.
     import multiprocessing
-    big = numpy.arange(2 ** 20, dtype=numpy.float64)
-    _, _, arrays = _round_trip([big])
-    try:
-        assert _moved(big)
+    dataset = helpers.BigArrays()
+    reference = SerialIterator(helpers.BigArrays(), 4, seed=5)
+    with MultiprocessIterator(dataset, 4, n_processes=2, seed=5,
+                              start_method=method) as it:
+        assert _values(next(it)) == _values(next(reference))
         ctx = multiprocessing.get_context('fork')
         queue = ctx.SimpleQueue()
-        child = ctx.Process(target=_write_and_report, args=(big, queue))
+        child = ctx.Process(target=_write_and_report,
+                            args=(dataset.big, queue))
         child.start()
-        assert queue.get() == -float(2 ** 20)
+        assert queue.get() == -float(dataset.big.size)
         child.join(timeout=30)
         assert child.exitcode == 0
-        assert not _moved(big)        # given back before the fork
-        numpy.testing.assert_array_equal(big, numpy.arange(2 ** 20))
-    finally:
-        arrays.release()
+        numpy.testing.assert_array_equal(
+            dataset.big, numpy.arange(dataset.big.size))
+        for _ in range(8):
+            assert _values(next(it)) == _values(next(reference))
 
 
-def _shared_pages_at(arrays):
-    """The arrays whose memory lies in a shared-memory file here."""
-    return [i for i, array in enumerate(arrays) if _moved(array)]
+def _private_bytes():
+    """Bytes of this process's private memory (its own pages)."""
+    total = 0
+    with open('/proc/self/smaps_rollup') as f:
+        for line in f:
+            if line.startswith(('Private_Clean:', 'Private_Dirty:')):
+                total += int(line.split()[1]) * 1024
+    return total
 
 
-@needs_remap
-def test_a_fork_while_another_thread_moves_arrays_gets_them_copy_on_write():
-    # Arrays move while a worker starts, which may be in another thread
-    # (worker restarts, an iterator made in a thread) than one that forks
-    # meanwhile: each forked process still gets every array copy-on-write,
-    # and its writes never reach the parent's arrays.
-    import threading
-    arrays = [numpy.full(2 ** 21, i, dtype=numpy.float64)     # 16 MiB each
-              for i in range(16)]
-    share_ = share.ArrayShare()
-    mover = threading.Thread(target=share_.dumps, args=(arrays,))
-    children = []        # their exit statuses
-    try:
-        mover.start()
-        while mover.is_alive() or not children:
-            pid = os.fork()
-            if pid == 0:                      # the child
-                shared = _shared_pages_at(arrays)
-                for array in arrays:
-                    array[array.size // 2] = -1.0
-                os._exit(1 if shared else 0)
-            children.append(os.waitpid(pid, 0)[1])
-        mover.join()
-        assert children == [0] * len(children)
-        for i, array in enumerate(arrays):
-            assert (array == i).all()
-    finally:
-        mover.join()
-        share_.release()
+@pytest.mark.skipif(not os.path.exists('/proc/self/smaps_rollup'),
+                    reason='needs /proc/self/smaps_rollup')
+def test_a_fork_holds_no_more_memory_than_before(method):
+    # A fork neither copies the dataset's arrays in the main process nor
+    # leaves a block behind: the main process's memory and the shared
+    # memory it maps are what they were before the fork.
+    dataset = helpers.ReadsArrayWhenUnpickled(32)
+    with MultiprocessIterator(dataset, 4, n_processes=1,
+                              start_method=method) as it:
+        assert next(it) == [dataset.total] * 4
+        before = _private_bytes(), helpers.shm_mapped_bytes()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        after = _private_bytes(), helpers.shm_mapped_bytes()
+        assert after[0] < before[0] + 8 * 2 ** 20, (before, after)
+        assert after[1] <= before[1], (before, after)
+        assert next(it) == [dataset.total] * 4
 
 
-@needs_remap
-def test_arrays_stay_put_when_moving_is_switched_off(monkeypatch):
-    monkeypatch.setattr(share, 'MOVE_ARRAYS', False)
-    big = numpy.arange(2 ** 20, dtype=numpy.float64)
-    got, _, arrays = _round_trip([big])
-    try:
-        assert not _moved(big)
-        numpy.testing.assert_array_equal(got[0], big)
-    finally:
-        arrays.release()
+_SHORT_OF_ADDRESS_SPACE = r"""
+import os, resource, sys
+sys.path.insert(0, {tests!r})
+import numpy, chainiter, helpers
 
 
-_SHORT_OF_MEMORY = r'''
-import resource, numpy
-from chainiter.iterators.multiprocess import remap, share
-big = numpy.arange(2 ** 21, dtype=numpy.float64)          # 16 MiB
-arrays = share.ArrayShare()
-arrays.dumps([big])
-assert remap._moved
-big[7] = -7.0
-# No address space left for the copy that gives the pages back.
-soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-with open('/proc/self/statm') as f:
-    used = int(f.read().split()[0]) * resource.getpagesize()
-resource.setrlimit(resource.RLIMIT_AS, (used + 2 ** 20, hard))
-arrays.release()
-resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-assert remap._moved, 'still recorded, for the next fork to try again'
-expected = numpy.arange(2 ** 21, dtype=numpy.float64)
-expected[7] = -7.0
-assert (big == expected).all()
-del big, arrays
-import os
-pid = os.fork()             # the fork hook gives the pages back now
-if pid == 0:
-    os._exit(0)
-os.waitpid(pid, 0)
-assert not remap._moved
-print('ok')
-'''
+def main():
+    dataset = helpers.ReadsArrayWhenUnpickled(16)
+    expected = dataset.data.copy()
+    with chainiter.MultiprocessIterator(
+            dataset, 4, n_processes=1, start_method={method!r}) as it:
+        assert next(it) == [dataset.total] * 4
+        # No address space left beyond what is in use, then a fork.
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open('/proc/self/statm') as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + 2 ** 20, hard))
+        pid = os.fork()
+        if pid == 0:
+            dataset.data[:] = -1.0
+            os._exit(0)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        assert os.waitpid(pid, 0)[1] == 0
+        assert (dataset.data == expected).all(), 'the child wrote here'
+        assert next(it) == [dataset.total] * 4, 'the workers saw it'
+    print('ok')
 
 
-@needs_remap
-@pytest.mark.timeout(60)
-def test_pages_that_cannot_go_back_keep_their_values():
-    # Short of memory when the pool closes: the pages stay in the file
-    # (values right), recorded, and go back at the next fork.
+if __name__ == '__main__':
+    main()
+"""
+
+
+def test_a_fork_short_of_address_space_leaves_the_parent_alone(
+        method, tmp_path):
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, '-c', _SHORT_OF_MEMORY],
+    script = tmp_path / 'script.py'
+    script.write_text(_SHORT_OF_ADDRESS_SPACE.format(
+        tests=os.path.dirname(__file__), method=method))
+    done = subprocess.run([sys.executable, str(script)],
                           capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == 'ok'
+
+
+def test_a_large_copy_warns_once_naming_the_ways_to_hold_it_once(
+        method, monkeypatch):
+    # Past the threshold, once per iterator however many workers start
+    # (maxtasksperchild); under fork nothing is copied: no warning.
+    import warnings
+    monkeypatch.setattr(share, 'COPY_WARN_BYTES', 2 ** 20)
+    dataset = helpers.ReadsArrayWhenUnpickled(4)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with MultiprocessIterator(dataset, 4, n_processes=2,
+                                  maxtasksperchild=1,
+                                  start_method=method) as it:
+            for _ in range(6):
+                assert next(it) == [dataset.total] * 4
+    messages = [str(w.message) for w in record]
+    assert all(w.category is chainiter.SharedMemoryWarning for w in record)
+    assert len(messages) == (0 if method == 'fork' else 1), messages
+    for message in messages:
+        for way in ('shared_copy', 'shared_empty', "mmap_mode='r'",
+                    "start_method='fork'"):
+            assert way in message
+
+
+def test_no_warning_below_the_threshold(method):
+    import warnings
+    dataset = helpers.ReadsArrayWhenUnpickled(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        with MultiprocessIterator(dataset, 4, n_processes=2,
+                                  start_method=method) as it:
+            assert next(it) == [dataset.total] * 4
 
 
 SMALL_SHM_SCRIPT = '''

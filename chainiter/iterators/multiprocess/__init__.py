@@ -43,8 +43,8 @@ One file, one idea:
   has no threads) and learning when they exit.
 - ``worker.py``: the worker process; ``sinks.py``: where it puts examples.
 - ``share.py``: under spawn and forkserver, the dataset's large arrays
-  travel to the workers as read-only shared memory (``remap.py``: and the
-  main process's own arrays move into it, in place); ``by_value.py``: what
+  travel to the workers as a read-only shared copy (the main process's
+  own arrays stay as they are); ``by_value.py``: what
   the workers cannot import (a notebook's classes, lambdas) goes by value,
   through cloudpickle (the one module that imports it).
 - ``slots.py``: the shared-memory slots, their leases and layouts;

@@ -9,9 +9,6 @@ child's too: their slots are never written again.
 import os
 import weakref
 
-# Imported first for its fork hooks to come before these (see remap.py).
-from chainiter.iterators.multiprocess import remap  # noqa: F401
-
 # Every pool of this process, so that a forked child can let go of them.
 POOLS = weakref.WeakSet()
 

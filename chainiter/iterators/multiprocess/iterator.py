@@ -854,7 +854,9 @@ class MultiprocessIterator(DatasetIterator):
             SharedMemoryWarning, stacklevel=5)
 
     def finalize(self):
-        self._leave_parents_pool()     # nothing of the parent's to end
-        super().finalize()
-        if self._finalizer is not None:
-            self._finalizer()
+        # Whole or not at all: a Ctrl-C comes once the pool is closed.
+        with uninterrupted():
+            self._leave_parents_pool()     # nothing of the parent's to end
+            super().finalize()
+            if self._finalizer is not None:
+                self._finalizer()

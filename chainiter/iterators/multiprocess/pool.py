@@ -114,6 +114,10 @@ class Pool:
         self.book.add_worker(worker.key)
         self.workers[worker.key] = worker
         self.receiver.wake()       # so that it watches the new worker
+        if self.shared_arrays is not None:
+            message = self.shared_arrays.warning()
+            if message is not None:
+                self.events.append((SharedMemoryWarning, message))
 
     def replenish(self):
         """Start workers until enough take tasks; give them the tasks that
@@ -535,30 +539,34 @@ class Pool:
             # A forked child's copy: the workers and buffers are the
             # parent's, and its threads and locks are not usable here.
             return
-        self.closed = True
-        self.ready.put(_CLOSED)
-        if self.receiver.is_alive():
-            self.receiver.stop()
-        # Batches read ahead view their slots: drop them, so that the
-        # slots are unmapped now (and _CLOSED goes back for any waiter).
-        self._peeked = None
-        while True:
-            try:
-                self.ready.get_nowait()
-            except queue.Empty:
-                break
-        self.ready.put(_CLOSED)
-        for worker in self.gone:
-            worker.close()
-        for worker in list(self.workers.values()):
-            # Without waiting: a worker whose socket is full (it may be
-            # blocked writing a result no one reads now) is stopped by
-            # the launcher instead.
-            worker.outbox.put_object(None)   # exit after the task at hand
-            worker.close()
-        self.workers = {}
-        self.launcher.close()
-        self.receiver.close()
-        self.slots.release()
-        if self.shared_arrays is not None:
-            self.shared_arrays.release()
+        # All of it or nothing: a Ctrl-C (or a handler that raises) in the
+        # middle would leave workers, threads and slots that nothing ends
+        # later (the finalizer has run); it is raised once all is closed.
+        with uninterrupted():
+            self.closed = True
+            self.ready.put(_CLOSED)
+            if self.receiver.is_alive():
+                self.receiver.stop()
+            # Batches read ahead view their slots: drop them, so that the
+            # slots are unmapped now (and _CLOSED goes back for any waiter).
+            self._peeked = None
+            while True:
+                try:
+                    self.ready.get_nowait()
+                except queue.Empty:
+                    break
+            self.ready.put(_CLOSED)
+            for worker in self.gone:
+                worker.close()
+            for worker in list(self.workers.values()):
+                # Without waiting: a worker whose socket is full (it may be
+                # blocked writing a result no one reads now) is stopped by
+                # the launcher instead.
+                worker.outbox.put_object(None)   # exit after the task at hand
+                worker.close()
+            self.workers = {}
+            self.launcher.close()
+            self.receiver.close()
+            self.slots.release()
+            if self.shared_arrays is not None:
+                self.shared_arrays.release()
