@@ -297,6 +297,73 @@ def test_shard_auto_reads_the_environment(monkeypatch):
         chainiter.SerialIterator(list(range(8)), 2, shard='auto')
 
 
+def _clear_launchers(monkeypatch):
+    for names in _shard.LAUNCHER_VARIABLES:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name in ('SLURM_JOB_ID', 'SLURM_STEP_ID', 'SLURM_PROCID',
+                 'SLURM_NTASKS', 'SLURM_STEP_NUM_TASKS'):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_shard_auto_in_a_slurm_batch_script_is_one_process(monkeypatch):
+    # `#SBATCH --ntasks=4` then a plain `python train.py`: Slurm sets
+    # SLURM_PROCID=0 and SLURM_NTASKS=4 in the batch step, which is one
+    # process, not rank 0 of 4; only the tasks of an srun step are ranks.
+    _clear_launchers(monkeypatch)
+    monkeypatch.setenv('SLURM_JOB_ID', '7')
+    monkeypatch.setenv('SLURM_PROCID', '0')
+    monkeypatch.setenv('SLURM_NTASKS', '4')
+    with pytest.warns(UserWarning, match=r'batch script(.|\n)*srun'):
+        it = chainiter.SerialIterator(list(range(8)), 2, seed=0,
+                                      shard='auto')
+    assert it.shard == (0, 1)
+    assert next(it) == next(chainiter.SerialIterator(list(range(8)), 2,
+                                                     seed=0))
+    batch = {'SLURM_JOB_ID': '7', 'SLURM_PROCID': '0', 'SLURM_NTASKS': '4'}
+    # The batch step's own id, where a Slurm release sets it, keeps it one
+    # process even with an srun step's variables inherited from sbatch's
+    # caller.
+    for special in ('-5', '4294967291', '4294967294', 'batch', 'extern'):
+        with pytest.warns(UserWarning, match='batch script'):
+            assert distributed.from_environment(dict(
+                batch, SLURM_STEP_ID=special,
+                SLURM_STEP_NUM_TASKS='4')) == (0, 1)
+    # salloc's shell, without an interactive step: no SLURM_PROCID.
+    with pytest.warns(UserWarning, match='SLURM_NTASKS=.4.'):
+        assert distributed.from_environment(
+            {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '4'}) == (0, 1)
+    # One task: nothing to warn about.
+    assert distributed.from_environment(
+        dict(batch, SLURM_NTASKS='1')) == (0, 1)
+    # A task other than 0 without the step's size is not a batch script.
+    with pytest.raises(ValueError, match='SLURM_PROCID=.1.(.|\n)*'
+                                         'SLURM_STEP_NUM_TASKS'):
+        distributed.from_environment(dict(batch, SLURM_PROCID='1'))
+
+
+def test_a_task_of_an_srun_step_gets_its_rank_in_the_step():
+    # `srun python train.py` in that job: task 2 of the step's 4.
+    step = {'SLURM_JOB_ID': '7', 'SLURM_STEP_ID': '0', 'SLURM_PROCID': '2',
+            'SLURM_NTASKS': '4', 'SLURM_STEP_NUM_TASKS': '4'}
+    assert distributed.from_environment(step) == (2, 4)
+    # `srun --preserve-env -n 2` keeps the job's SLURM_NTASKS=4: the step
+    # has 2 tasks, so rank 1 of 2 (not 1 of 4, which left half the data
+    # unloaded).
+    assert distributed.from_environment(
+        dict(step, SLURM_PROCID='1', SLURM_STEP_NUM_TASKS='2')) == (1, 2)
+    # `srun -n 1` (or salloc's interactive step): one process, no warning.
+    assert distributed.from_environment(
+        dict(step, SLURM_PROCID='0', SLURM_NTASKS='1',
+             SLURM_STEP_NUM_TASKS='1')) == (0, 1)
+    # salloc's shell (its interactive step, started --preserve-env, keeps
+    # the job's SLURM_NTASKS): one process, as a batch script.
+    with pytest.warns(UserWarning, match='salloc'):
+        assert distributed.from_environment(
+            dict(step, SLURM_STEP_ID='4294967290', SLURM_PROCID='0',
+                 SLURM_STEP_NUM_TASKS='1')) == (0, 1)
+
+
 def test_multiprocess_shard_keeps_keys_and_worker_info(method):
     dataset = WorkerKeyedDataset(13)
     reference = chainiter.SerialIterator(KeyedDataset(13), 6, seed=4)
