@@ -3,6 +3,7 @@ properties over many (N, ranks, batch, repeat), every rank simulated by its
 own iterator; real ranks under mpiexec are in test_mpi.py."""
 
 import itertools
+import threading
 
 import numpy
 import pytest
@@ -483,16 +484,151 @@ def test_create_synchronized_iterator_gives_rank_0s_batches():
         distributed.create_synchronized_iterator(object(), comms[0])
 
 
+# ---- ranks in threads: collectives that need every rank at once ----------
+
+
+class ThreadComm:
+    """One rank of an mpi4py-like communicator whose ranks are threads of
+    this process (``ThreadWorld.run``): each collective meets at a barrier,
+    so that allgather works, which FakeComm's root-first log cannot do."""
+
+    def __init__(self, world, rank):
+        self.world, self.rank_ = world, rank
+
+    def Get_rank(self):
+        return self.rank_
+
+    def Get_size(self):
+        return self.world.size
+
+    def allgather(self, obj):
+        world = self.world
+        world.barrier.wait()        # every rank read the last collective
+        world.slots[self.rank_] = obj
+        world.barrier.wait()
+        if self.rank_ == 0:
+            world.collectives += 1
+        return list(world.slots)
+
+    def bcast(self, obj, root=0):
+        return self.allgather(obj)[root]
+
+
+class ThreadChainerMNComm:
+    """A ChainerMN-like communicator over a ThreadComm: ``bcast_obj`` and
+    ``gather_obj``, and ``mpi_comm`` where ``with_mpi_comm``."""
+
+    def __init__(self, inner, with_mpi_comm):
+        self.rank, self.size, self._inner = \
+            inner.Get_rank(), inner.Get_size(), inner
+        if with_mpi_comm:
+            self.mpi_comm = inner
+
+    def bcast_obj(self, obj, max_buf_len=256 * 1024 * 1024, root=0):
+        return self._inner.bcast(obj, root)
+
+    def gather_obj(self, obj, root=0):
+        every = self._inner.allgather(obj)
+        return every if self.rank == root else None
+
+
+class ThreadWorld:
+    def __init__(self, size):
+        self.size = size
+        # A rank that never joins a collective breaks it, in seconds.
+        self.barrier = threading.Barrier(size, timeout=10)
+        self.slots = [None] * size
+        self.collectives = 0
+
+    def run(self, build):
+        """``build(comm)`` on every rank, each in a thread: what each
+        returned or raised, in rank order."""
+        out = [None] * self.size
+
+        def rank(r):
+            try:
+                out[r] = build(ThreadComm(self, r))
+            except Exception as e:
+                out[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,))
+                   for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        return out
+
+
 def test_sharded_iterator_with_a_communicator_gets_rank_0s_seed():
-    comms = _world(2)
-    dataset = KeyedDataset(9)
-    numpy.random.seed(0)
-    first = chainiter.SerialIterator(dataset, 2, shard=comms[0])
-    second = chainiter.SerialIterator(dataset, 2, shard=comms[1])
-    assert first.seed == second.seed and second.shard == (1, 2)
-    assert len(comms[0].log) == 1        # the only message
-    given = chainiter.SerialIterator(dataset, 2, seed=3, shard=comms[0])
-    assert given.seed == 3 and len(comms[0].log) == 1
+    world = ThreadWorld(2)
+    numpy.random.seed(0)     # each rank draws its own seed; rank 0's wins
+    its = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, shard=comm))
+    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
+    assert world.collectives == 1        # the only message
+    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
+    assert next(its[0]) + next(its[1]) == next(both)
+    given = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, seed=3, shard=comm))
+    assert [it.seed for it in given] == [3, 3] and world.collectives == 2
+
+
+def test_ranks_of_a_communicator_with_different_seeds_raise():
+    # seed=1234 + rank, a common habit, made the shares of 40 examples
+    # overlap (9 loaded twice, 9 never); every rank now raises, naming the
+    # seeds, after the one collective.
+    world = ThreadWorld(2)
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(40), 4, seed=1234 + comm.Get_rank(), shard=comm))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        message = str(error)
+        assert 'seed' in message and '1234 on rank 0' in message and \
+            '1235 on rank 1' in message, message
+    assert str(got[0]) == str(got[1])
+    # A seed on some ranks and None on others: the same.
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(40), 4, seed=5 if comm.Get_rank() else None,
+        shard=comm))
+    assert all(isinstance(e, ValueError) and 'None on rank 0' in str(e)
+               and '5 on rank 1' in str(e) for e in got), got
+
+
+@pytest.mark.parametrize('kind', range(3))
+def test_ranks_of_a_communicator_must_agree_on_batch_and_length(kind):
+    world = ThreadWorld(3)
+    make = [chainiter.SerialIterator, chainiter.MultithreadIterator,
+            chainiter.MultiprocessIterator][kind]
+    extra = {'n_processes': 1} if kind == 2 else {}
+    got = world.run(lambda comm: make(
+        KeyedDataset(40), 4 + (comm.Get_rank() == 2), seed=1,
+        shard=comm, **extra))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        assert 'batch_size (4 on ranks 0, 1; 5 on rank 2)' in str(error)
+        assert 'seed (' not in str(error)
+    got = world.run(lambda comm: make(
+        KeyedDataset(40 - comm.Get_rank()), 4, shard=comm, **extra))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        assert 'len(dataset) (40 on rank 0; 39 on rank 1; 38 on rank 2)' \
+            in str(error), str(error)
+
+
+@pytest.mark.parametrize('with_mpi_comm', [True, False])
+def test_chainermn_communicators_agree_too(with_mpi_comm):
+    world = ThreadWorld(2)
+    its = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, shard=ThreadChainerMNComm(comm, with_mpi_comm)))
+    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
+    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
+    assert next(its[0]) + next(its[1]) == next(both)
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, seed=comm.Get_rank(),
+        shard=ThreadChainerMNComm(comm, with_mpi_comm)))
+    assert all(isinstance(e, ValueError) for e in got), got
 
 
 class FakeChainerMNComm:
@@ -509,7 +645,7 @@ class FakeChainerMNComm:
         return self._inner.bcast(obj, root)
 
 
-def test_chainermn_communicators_work_too():
+def test_chainermn_communicators_scatter_too():
     log = []
     comms = [FakeChainerMNComm(log, r, 2) for r in range(2)]
     shares = [distributed.scatter_dataset(
@@ -517,11 +653,6 @@ def test_chainermn_communicators_work_too():
         for r in range(2)]
     assert [list(s) for s in shares] == [[0, 1, 2, 3], [3, 4, 5, 6]]
     assert comms[1].buffer_lengths[0] == 100
-    its = [chainiter.SerialIterator(KeyedDataset(9), 2, shard=comm)
-           for comm in comms]
-    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
-    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
-    assert next(its[0]) + next(its[1]) == next(both)
 
 
 @pytest.mark.parametrize('repeat', [True, False])
