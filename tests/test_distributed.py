@@ -3,6 +3,7 @@ properties over many (N, ranks, batch, repeat), every rank simulated by its
 own iterator; real ranks under mpiexec are in test_mpi.py."""
 
 import itertools
+import threading
 
 import numpy
 import pytest
@@ -297,6 +298,73 @@ def test_shard_auto_reads_the_environment(monkeypatch):
         chainiter.SerialIterator(list(range(8)), 2, shard='auto')
 
 
+def _clear_launchers(monkeypatch):
+    for names in _shard.LAUNCHER_VARIABLES:
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name in ('SLURM_JOB_ID', 'SLURM_STEP_ID', 'SLURM_PROCID',
+                 'SLURM_NTASKS', 'SLURM_STEP_NUM_TASKS'):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_shard_auto_in_a_slurm_batch_script_is_one_process(monkeypatch):
+    # `#SBATCH --ntasks=4` then a plain `python train.py`: Slurm sets
+    # SLURM_PROCID=0 and SLURM_NTASKS=4 in the batch step, which is one
+    # process, not rank 0 of 4; only the tasks of an srun step are ranks.
+    _clear_launchers(monkeypatch)
+    monkeypatch.setenv('SLURM_JOB_ID', '7')
+    monkeypatch.setenv('SLURM_PROCID', '0')
+    monkeypatch.setenv('SLURM_NTASKS', '4')
+    with pytest.warns(UserWarning, match=r'batch script(.|\n)*srun'):
+        it = chainiter.SerialIterator(list(range(8)), 2, seed=0,
+                                      shard='auto')
+    assert it.shard == (0, 1)
+    assert next(it) == next(chainiter.SerialIterator(list(range(8)), 2,
+                                                     seed=0))
+    batch = {'SLURM_JOB_ID': '7', 'SLURM_PROCID': '0', 'SLURM_NTASKS': '4'}
+    # The batch step's own id, where a Slurm release sets it, keeps it one
+    # process even with an srun step's variables inherited from sbatch's
+    # caller.
+    for special in ('-5', '4294967291', '4294967294', 'batch', 'extern'):
+        with pytest.warns(UserWarning, match='batch script'):
+            assert distributed.from_environment(dict(
+                batch, SLURM_STEP_ID=special,
+                SLURM_STEP_NUM_TASKS='4')) == (0, 1)
+    # salloc's shell, without an interactive step: no SLURM_PROCID.
+    with pytest.warns(UserWarning, match='SLURM_NTASKS=.4.'):
+        assert distributed.from_environment(
+            {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '4'}) == (0, 1)
+    # One task: nothing to warn about.
+    assert distributed.from_environment(
+        dict(batch, SLURM_NTASKS='1')) == (0, 1)
+    # A task other than 0 without the step's size is not a batch script.
+    with pytest.raises(ValueError, match='SLURM_PROCID=.1.(.|\n)*'
+                                         'SLURM_STEP_NUM_TASKS'):
+        distributed.from_environment(dict(batch, SLURM_PROCID='1'))
+
+
+def test_a_task_of_an_srun_step_gets_its_rank_in_the_step():
+    # `srun python train.py` in that job: task 2 of the step's 4.
+    step = {'SLURM_JOB_ID': '7', 'SLURM_STEP_ID': '0', 'SLURM_PROCID': '2',
+            'SLURM_NTASKS': '4', 'SLURM_STEP_NUM_TASKS': '4'}
+    assert distributed.from_environment(step) == (2, 4)
+    # `srun --preserve-env -n 2` keeps the job's SLURM_NTASKS=4: the step
+    # has 2 tasks, so rank 1 of 2 (not 1 of 4, which left half the data
+    # unloaded).
+    assert distributed.from_environment(
+        dict(step, SLURM_PROCID='1', SLURM_STEP_NUM_TASKS='2')) == (1, 2)
+    # `srun -n 1` (or salloc's interactive step): one process, no warning.
+    assert distributed.from_environment(
+        dict(step, SLURM_PROCID='0', SLURM_NTASKS='1',
+             SLURM_STEP_NUM_TASKS='1')) == (0, 1)
+    # salloc's shell (its interactive step, started --preserve-env, keeps
+    # the job's SLURM_NTASKS): one process, as a batch script.
+    with pytest.warns(UserWarning, match='salloc'):
+        assert distributed.from_environment(
+            dict(step, SLURM_STEP_ID='4294967290', SLURM_PROCID='0',
+                 SLURM_STEP_NUM_TASKS='1')) == (0, 1)
+
+
 def test_multiprocess_shard_keeps_keys_and_worker_info(method):
     dataset = WorkerKeyedDataset(13)
     reference = chainiter.SerialIterator(KeyedDataset(13), 6, seed=4)
@@ -416,16 +484,151 @@ def test_create_synchronized_iterator_gives_rank_0s_batches():
         distributed.create_synchronized_iterator(object(), comms[0])
 
 
+# ---- ranks in threads: collectives that need every rank at once ----------
+
+
+class ThreadComm:
+    """One rank of an mpi4py-like communicator whose ranks are threads of
+    this process (``ThreadWorld.run``): each collective meets at a barrier,
+    so that allgather works, which FakeComm's root-first log cannot do."""
+
+    def __init__(self, world, rank):
+        self.world, self.rank_ = world, rank
+
+    def Get_rank(self):
+        return self.rank_
+
+    def Get_size(self):
+        return self.world.size
+
+    def allgather(self, obj):
+        world = self.world
+        world.barrier.wait()        # every rank read the last collective
+        world.slots[self.rank_] = obj
+        world.barrier.wait()
+        if self.rank_ == 0:
+            world.collectives += 1
+        return list(world.slots)
+
+    def bcast(self, obj, root=0):
+        return self.allgather(obj)[root]
+
+
+class ThreadChainerMNComm:
+    """A ChainerMN-like communicator over a ThreadComm: ``bcast_obj`` and
+    ``gather_obj``, and ``mpi_comm`` where ``with_mpi_comm``."""
+
+    def __init__(self, inner, with_mpi_comm):
+        self.rank, self.size, self._inner = \
+            inner.Get_rank(), inner.Get_size(), inner
+        if with_mpi_comm:
+            self.mpi_comm = inner
+
+    def bcast_obj(self, obj, max_buf_len=256 * 1024 * 1024, root=0):
+        return self._inner.bcast(obj, root)
+
+    def gather_obj(self, obj, root=0):
+        every = self._inner.allgather(obj)
+        return every if self.rank == root else None
+
+
+class ThreadWorld:
+    def __init__(self, size):
+        self.size = size
+        # A rank that never joins a collective breaks it, in seconds.
+        self.barrier = threading.Barrier(size, timeout=10)
+        self.slots = [None] * size
+        self.collectives = 0
+
+    def run(self, build):
+        """``build(comm)`` on every rank, each in a thread: what each
+        returned or raised, in rank order."""
+        out = [None] * self.size
+
+        def rank(r):
+            try:
+                out[r] = build(ThreadComm(self, r))
+            except Exception as e:
+                out[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,))
+                   for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        return out
+
+
 def test_sharded_iterator_with_a_communicator_gets_rank_0s_seed():
-    comms = _world(2)
-    dataset = KeyedDataset(9)
-    numpy.random.seed(0)
-    first = chainiter.SerialIterator(dataset, 2, shard=comms[0])
-    second = chainiter.SerialIterator(dataset, 2, shard=comms[1])
-    assert first.seed == second.seed and second.shard == (1, 2)
-    assert len(comms[0].log) == 1        # the only message
-    given = chainiter.SerialIterator(dataset, 2, seed=3, shard=comms[0])
-    assert given.seed == 3 and len(comms[0].log) == 1
+    world = ThreadWorld(2)
+    numpy.random.seed(0)     # each rank draws its own seed; rank 0's wins
+    its = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, shard=comm))
+    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
+    assert world.collectives == 1        # the only message
+    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
+    assert next(its[0]) + next(its[1]) == next(both)
+    given = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, seed=3, shard=comm))
+    assert [it.seed for it in given] == [3, 3] and world.collectives == 2
+
+
+def test_ranks_of_a_communicator_with_different_seeds_raise():
+    # seed=1234 + rank, a common habit, made the shares of 40 examples
+    # overlap (9 loaded twice, 9 never); every rank now raises, naming the
+    # seeds, after the one collective.
+    world = ThreadWorld(2)
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(40), 4, seed=1234 + comm.Get_rank(), shard=comm))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        message = str(error)
+        assert 'seed' in message and '1234 on rank 0' in message and \
+            '1235 on rank 1' in message, message
+    assert str(got[0]) == str(got[1])
+    # A seed on some ranks and None on others: the same.
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(40), 4, seed=5 if comm.Get_rank() else None,
+        shard=comm))
+    assert all(isinstance(e, ValueError) and 'None on rank 0' in str(e)
+               and '5 on rank 1' in str(e) for e in got), got
+
+
+@pytest.mark.parametrize('kind', range(3))
+def test_ranks_of_a_communicator_must_agree_on_batch_and_length(kind):
+    world = ThreadWorld(3)
+    make = [chainiter.SerialIterator, chainiter.MultithreadIterator,
+            chainiter.MultiprocessIterator][kind]
+    extra = {'n_processes': 1} if kind == 2 else {}
+    got = world.run(lambda comm: make(
+        KeyedDataset(40), 4 + (comm.Get_rank() == 2), seed=1,
+        shard=comm, **extra))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        assert 'batch_size (4 on ranks 0, 1; 5 on rank 2)' in str(error)
+        assert 'seed (' not in str(error)
+    got = world.run(lambda comm: make(
+        KeyedDataset(40 - comm.Get_rank()), 4, shard=comm, **extra))
+    for error in got:
+        assert isinstance(error, ValueError), error
+        assert 'len(dataset) (40 on rank 0; 39 on rank 1; 38 on rank 2)' \
+            in str(error), str(error)
+
+
+@pytest.mark.parametrize('with_mpi_comm', [True, False])
+def test_chainermn_communicators_agree_too(with_mpi_comm):
+    world = ThreadWorld(2)
+    its = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, shard=ThreadChainerMNComm(comm, with_mpi_comm)))
+    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
+    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
+    assert next(its[0]) + next(its[1]) == next(both)
+    got = world.run(lambda comm: chainiter.SerialIterator(
+        KeyedDataset(9), 2, seed=comm.Get_rank(),
+        shard=ThreadChainerMNComm(comm, with_mpi_comm)))
+    assert all(isinstance(e, ValueError) for e in got), got
 
 
 class FakeChainerMNComm:
@@ -442,7 +645,7 @@ class FakeChainerMNComm:
         return self._inner.bcast(obj, root)
 
 
-def test_chainermn_communicators_work_too():
+def test_chainermn_communicators_scatter_too():
     log = []
     comms = [FakeChainerMNComm(log, r, 2) for r in range(2)]
     shares = [distributed.scatter_dataset(
@@ -450,11 +653,6 @@ def test_chainermn_communicators_work_too():
         for r in range(2)]
     assert [list(s) for s in shares] == [[0, 1, 2, 3], [3, 4, 5, 6]]
     assert comms[1].buffer_lengths[0] == 100
-    its = [chainiter.SerialIterator(KeyedDataset(9), 2, shard=comm)
-           for comm in comms]
-    assert its[0].seed == its[1].seed and its[1].shard == (1, 2)
-    both = chainiter.SerialIterator(KeyedDataset(9), 4, seed=its[0].seed)
-    assert next(its[0]) + next(its[1]) == next(both)
 
 
 @pytest.mark.parametrize('repeat', [True, False])

@@ -80,6 +80,12 @@ def test_ranks_share_one_global_order(tmp_path, size):
     outputs = mpirun(tmp_path, size, 'order')
     seed = outputs[0]['seed']
     assert {o['seed'] for o in outputs} == {seed}      # sent by rank 0
+    # seed=1234 + rank: one allgather, and every rank raises alike.
+    errors = {o.get('seed_error') for o in outputs}
+    assert len(errors) == 1
+    message = errors.pop()
+    assert message and all('{} on rank {}'.format(1234 + r, r) in message
+                           for r in range(size)), message
     # repeat=True: the same number of steps everywhere, each rank `batch`
     # rows, and together the serial iterator's global batches, keys too.
     counts = {len(o['repeat']) for o in outputs}

@@ -12,8 +12,10 @@ Two ways, both launched by ``mpiexec``/``mpirun``, ``torchrun`` or ``srun``:
   seed-derived order over the whole dataset, and rank ``r`` loads rows
   ``64 * r ... 64 * r + 63`` of it.  ``shard='auto'`` reads rank and size
   from the launcher's environment; ``shard=comm`` (an mpi4py communicator,
-  e.g. ``world()``) takes them from it and, with ``seed=None``, sends rank
-  0's seed to the others: the only message.  Snapshots hold the global
+  e.g. ``world()``) takes them from it, and one allgather (the only
+  message) checks that the ranks agree on the seed, batch size and dataset
+  length (a ``ValueError`` on every rank where not) and gives them rank 0's
+  seed where all passed ``seed=None``.  Snapshots hold the global
   position and load on any number of ranks (``chainiter.iterators._shard``
   states the promises).
 - ChainerMN's API: ``scatter_dataset``, ``scatter_index`` and

@@ -2,9 +2,11 @@
 alike (duck-typed: nothing here imports mpi4py).
 
 - mpi4py (``MPI.COMM_WORLD`` or any ``MPI.Comm``): ``Get_rank()``,
-  ``Get_size()``, ``bcast(obj, root=)``, ``Bcast(buffer, root=)``.
+  ``Get_size()``, ``bcast(obj, root=)``, ``Bcast(buffer, root=)``,
+  ``allgather(obj)``.
 - ChainerMN (``chainermn.create_communicator()``): ``rank``, ``size``,
-  ``bcast_obj(obj, max_buf_len=, root=)``.
+  ``bcast_obj(obj, max_buf_len=, root=)``, and ``mpi_comm`` (its mpi4py
+  communicator) or else ``gather_obj(obj, root=)``.
 """
 
 import pickle
@@ -49,6 +51,18 @@ def bcast_small(comm, obj, root=0):
     if hasattr(comm, 'bcast_obj'):      # ChainerMN
         return comm.bcast_obj(obj, root=root)
     return comm.bcast(obj, root=root)
+
+
+def allgather_small(comm, obj):
+    """Every rank's ``obj``, in rank order, on every rank: one collective
+    (a few numbers each); two, a gather and a broadcast, with a ChainerMN
+    communicator that has no ``mpi_comm``."""
+    if hasattr(comm, 'bcast_obj'):      # ChainerMN
+        inner = getattr(comm, 'mpi_comm', None)
+        if inner is not None:
+            return list(inner.allgather(obj))
+        return list(comm.bcast_obj(comm.gather_obj(obj, root=0), root=0))
+    return list(comm.allgather(obj))
 
 
 def bcast_obj(comm, obj, root=0, max_buf_len=256 * 1024 * 1024):

@@ -37,6 +37,7 @@ continues with the examples at ``p, p + 1, ...`` of the uninterrupted run.
 
 import os
 import typing
+import warnings
 
 import numpy
 
@@ -51,13 +52,19 @@ class Shard(typing.NamedTuple):
 
 #: Launchers' variables, in the order they are looked for: Open MPI's
 #: mpirun, MPICH's and Intel MPI's mpiexec (Hydra, PMI), torchrun, Slurm's
-#: srun.
+#: srun (a task of a job step: the step's number of tasks, not the job's
+#: SLURM_NTASKS, see ``_slurm_outside_a_step``).
 LAUNCHER_VARIABLES = (
     ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
     ('PMI_RANK', 'PMI_SIZE'),
     ('RANK', 'WORLD_SIZE'),
-    ('SLURM_PROCID', 'SLURM_NTASKS'),
+    ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'),
 )
+
+#: Slurm numbers the steps an srun launches from 0; the ids from this one
+#: up name its special steps (batch script, extern, interactive), whose
+#: one process is no rank (``SLURM_MAX_NORMAL_STEP_ID`` in slurm.h).
+_SLURM_SPECIAL_STEPS = 0xfffffff0
 
 
 def check_shard(rank, size):
@@ -71,12 +78,69 @@ def check_shard(rank, size):
     return Shard(int(rank), size)
 
 
+def _slurm_outside_a_step(environ):
+    """Whether Slurm's ``SLURM_PROCID`` belongs to no task of an srun step:
+    a batch script (``#SBATCH --ntasks=4`` and a plain ``python train.py``
+    has ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, but is one process), or
+    the extern or interactive step.  Slurm sets ``SLURM_STEP_NUM_TASKS``
+    for the tasks of a step alone; a ``SLURM_STEP_ID`` other than a step's
+    number (``-5`` or ``4294967291`` for the batch step where a release sets
+    it) wins over one inherited from sbatch's caller."""
+    step = environ.get('SLURM_STEP_ID')
+    if step is not None:
+        try:
+            number = int(step)
+        except ValueError:      # a name ('batch', 'extern')
+            return True
+        if not 0 <= number < _SLURM_SPECIAL_STEPS:
+            return True
+    return environ.get('SLURM_STEP_NUM_TASKS') is None
+
+
+def _slurm_batch_script(environ):
+    """``Shard(0, 1)`` for Slurm's batch script (or another special step),
+    with a warning where the job has more than one task: ranks were
+    probably meant, and srun starts them."""
+    procid, tasks = environ.get('SLURM_PROCID'), environ.get('SLURM_NTASKS')
+    if procid is not None and procid.strip() != '0':
+        raise ValueError(
+            'the environment sets SLURM_PROCID={!r} but not '
+            'SLURM_STEP_NUM_TASKS (or a SLURM_STEP_ID={!r} of no srun '
+            'step): only the tasks of an srun step are ranks, and Slurm '
+            'sets both for them. Launch the ranks with srun, or pass '
+            'shard=(rank, size) instead'.format(
+                procid, environ.get('SLURM_STEP_ID')))
+    try:
+        many = tasks is not None and int(tasks) > 1
+    except ValueError:
+        many = False
+    if many:
+        warnings.warn(
+            'the environment has SLURM_NTASKS={!r} outside an srun step '
+            '(SLURM_STEP_ID={!r}): this process is a Slurm batch script '
+            '(or salloc\'s shell), not a task of a step, so it is one '
+            'process and loads every example (shard (0, 1)), not rank 0 of '
+            '{}. To run {} ranks, start them with srun (srun python '
+            'train.py), or pass shard=(rank, size)'.format(
+                tasks, environ.get('SLURM_STEP_ID'), tasks, tasks),
+            UserWarning,
+            stacklevel=3)
+    return Shard(0, 1)
+
+
 def from_environment(environ=None):
     """``Shard(rank, size)`` from the launcher's environment variables
     (``LAUNCHER_VARIABLES``), or ``Shard(0, 1)`` where none is set (a plain
-    ``python train.py``)."""
+    ``python train.py``) or where Slurm's are those of a batch script, not
+    of an srun step's task (with a warning where the job has many
+    tasks)."""
     environ = os.environ if environ is None else environ
     for rank_name, size_name in LAUNCHER_VARIABLES:
+        if rank_name == 'SLURM_PROCID' and any(
+                name in environ for name in (rank_name, size_name,
+                                             'SLURM_NTASKS')) and \
+                _slurm_outside_a_step(environ):
+            return _slurm_batch_script(environ)
         rank, size = environ.get(rank_name), environ.get(size_name)
         if rank is None and size is None:
             continue

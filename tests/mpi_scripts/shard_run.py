@@ -2,7 +2,8 @@
 loaded to OUT/<mode>-rank<r>.json.
 
     python shard_run.py OUT order     sharded iterators of every kind (the
-                                      seed from rank 0), ChainerMN's API
+                                      seed from rank 0; a seed per rank is
+                                      refused), ChainerMN's API
     python shard_run.py OUT save K    k steps, rank 0 saves OUT/snap.npz
     python shard_run.py OUT resume    loads OUT/snap.npz, goes on
 """
@@ -65,6 +66,10 @@ def main(out, mode, *args):
         with make(kind, comm, rank, repeat=False, seed=result['seed'],
                   shard=(rank, size)) as it:
             result['once'] = steps(it, N)
+        try:        # a seed per rank: every rank refuses, naming them
+            make(kind, comm, rank, seed=1234 + rank, shard=comm).finalize()
+        except ValueError as e:
+            result['seed_error'] = str(e)
         share = distributed.scatter_dataset(
             list(range(N)) if rank == 0 else None, comm, shuffle=True,
             seed=1)
