@@ -5,6 +5,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -833,6 +834,16 @@ def test_bad_arguments():
         MultiprocessIterator([1, 2], 0)
     with pytest.raises(ValueError, match='empty'):
         MultiprocessIterator([], 1)
+
+
+@pytest.mark.parametrize('start_method', ['sapwn', 'Spawn', '', 0])
+def test_unknown_start_method_is_named_with_the_valid_ones(start_method):
+    with pytest.raises(ValueError) as info:
+        MultiprocessIterator([1, 2], 1, start_method=start_method)
+    text = str(info.value)
+    assert 'start_method' in text and repr(start_method) in text
+    for valid in multiprocessing.get_all_start_methods():
+        assert repr(valid) in text
 
 
 @pytest.mark.parametrize('converter', [None, concat_examples],

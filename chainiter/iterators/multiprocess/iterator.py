@@ -266,6 +266,7 @@ class MultiprocessIterator(DatasetIterator):
                              'in the workers, but no converter was given: '
                              'pass converter=...')
         _args.callable_or_none('worker_init_fn', worker_init_fn)
+        start_method = _args.start_method(start_method)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
         self.n_processes = n_processes
