@@ -70,7 +70,7 @@ class Numbers:
 
 
 # No "if __name__ == '__main__':" guard.
-it = chainiter.MultiprocessIterator(Numbers(), 4, n_processes=2,
+it = chainiter.MultiprocessIterator(Numbers(), 4, n_processes=3,
                                     shuffle=False, start_method=sys.argv[1])
 print(*[float(x) for x in next(it)])
 it.finalize()
@@ -107,3 +107,10 @@ def test_a_script_without_the_main_guard_is_told_so(method, tmp_path):
     # Told at the first death: no restarts, no WorkerDiedError.
     assert 'WorkerRestartWarning' not in done.stderr
     assert 'WorkerDiedError' not in done.stderr
+    # One worker's traceback, which names the script's line and the fix,
+    # and the main process's: not one of multiprocessing's 40-line
+    # tracebacks from every worker.
+    assert done.stderr.count('Traceback (most recent call last)') <= 2, \
+        done.stderr
+    assert 'bootstrapping phase' not in done.stderr
+    assert len(done.stderr.splitlines()) <= 60, done.stderr

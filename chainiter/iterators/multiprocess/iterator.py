@@ -26,8 +26,8 @@ from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator, _Failed
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
-    by_value, converted, list_layout, read, remote, share, stacked_layout,
-    stacked_rows)
+    by_value, converted, launch, list_layout, read, remote, share,
+    stacked_layout, stacked_rows)
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
@@ -267,6 +267,8 @@ class MultiprocessIterator(DatasetIterator):
                              'pass converter=...')
         _args.callable_or_none('worker_init_fn', worker_init_fn)
         start_method = _args.start_method(start_method)
+        launch.refuse_in_bootstrap(
+            multiprocessing.get_context(start_method).get_start_method())
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
         self.n_processes = n_processes

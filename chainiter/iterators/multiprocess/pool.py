@@ -498,14 +498,12 @@ class Pool:
             # ran): another worker would fail the same way.
             self._put_ready(self.book.fail_all(
                 'worker process {} {} before it started: Python could not '
-                'start it (its traceback is printed above). Under the {!r} '
+                'start it (a worker prints the traceback). Under the {!r} '
                 'start method a worker first imports the main script (as '
                 '__mp_main__); most often the script builds the iterator at '
                 'top level, outside "if __name__ == \'__main__\':", and that '
-                'fails there ("An attempt has been made to start a new '
-                'process before the current process has finished its '
-                'bootstrapping phase"). Put the script\'s code under that '
-                'guard, or use start_method="fork". No more workers are '
+                'fails there. Put the script\'s code under that guard, or '
+                'use start_method="fork". No more workers are '
                 'started'.format(
                     worker.id, died_with, self.method), None))
         outcome = self.book.worker_exited(launched.key, code, died_with)
