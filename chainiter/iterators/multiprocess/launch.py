@@ -111,8 +111,13 @@ class ProcessLauncher:
                 self._args, worker_id, child_conn, os.getpid(),
                 threading.current_thread() is threading.main_thread()),
             daemon=True)
-        process.start()
-        child_conn.close()
+        try:
+            process.start()
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
         launched = Launched(self._next_key, parent_conn, process)
         self._next_key += 1
         self._running[process.sentinel] = launched
