@@ -1019,3 +1019,21 @@ def _rebuild_homesick(message):
 
 def homesick_init(worker_id):
     raise HomesickError('no GPU for worker {}'.format(worker_id))
+
+
+class Burn:
+    """Example i is float32 [i] * 4, after ``seconds`` of the worker's own
+    CPU time (a CPU-bound workload: on a busy machine it takes longer)."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            pass
+        return numpy.full(4, i, numpy.float32)
