@@ -954,3 +954,86 @@ def warning_lines(stdout):
     return [line for line in stdout.splitlines()
             if line.startswith('WARNING') and
             'is multi-threaded, use of fork()' not in line]
+
+
+class UnpicklesOnce:
+    """A dataset of 8 whose first ``loads`` unpicklings succeed and later
+    ones raise: each counts itself as a byte appended to ``path`` (the
+    workers are other processes)."""
+
+    def __init__(self, path, loads):
+        self.path = str(path)
+        self.loads = loads
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+    def __setstate__(self, state):
+        import os
+        self.__dict__.update(state)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, b'.')
+        finally:
+            os.close(fd)
+        if os.path.getsize(self.path) > self.loads:
+            raise ValueError('this dataset refuses to be unpickled again')
+
+
+class PicklesUntilRefused:
+    """A dataset of 8 that cannot be pickled once ``refuse`` is set (in
+    the main process: then no new spawned worker can get it)."""
+
+    def __init__(self):
+        self.refuse = False
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+    def __reduce__(self):
+        if self.refuse:
+            raise ValueError('this dataset refuses to be pickled again')
+        return PicklesUntilRefused, ()
+
+
+class HomesickError(Exception):
+    """Pickles and unpickles in a worker, not in the main process."""
+
+    def __reduce__(self):
+        return _rebuild_homesick, (str(self),)
+
+
+def _rebuild_homesick(message):
+    import chainiter
+    if chainiter.get_worker_info() is None:
+        raise TypeError('a HomesickError cannot be rebuilt in the main '
+                        'process')
+    return HomesickError(message)
+
+
+def homesick_init(worker_id):
+    raise HomesickError('no GPU for worker {}'.format(worker_id))
+
+
+class Burn:
+    """Example i is float32 [i] * 4, after ``seconds`` of the worker's own
+    CPU time (a CPU-bound workload: on a busy machine it takes longer)."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+        end = time.thread_time() + self.seconds
+        while time.thread_time() < end:
+            pass
+        return numpy.full(4, i, numpy.float32)

@@ -55,6 +55,58 @@ def test_dataset_that_cannot_be_unpickled_in_the_worker(method):
         _raises_startup_failure(it, ValueError, 'refuses to be unpickled')
 
 
+@pytest.mark.parametrize('where', ['pickling', 'unpickling'])
+@pytest.mark.parametrize('method', ['forkserver', 'spawn'])
+def test_a_replacement_worker_that_cannot_get_the_dataset(
+        method, where, tmp_path, monkeypatch, capfd):
+    # The first worker starts; the one that replaces it (after its one
+    # task) cannot get the dataset: the main process cannot pickle it, or
+    # the worker cannot unpickle it.  next() says so, and no thread prints
+    # "Exception in thread".
+    failed_threads = []
+    monkeypatch.setattr(threading, 'excepthook', failed_threads.append)
+    if where == 'pickling':
+        dataset = helpers.PicklesUntilRefused()
+    else:
+        dataset = helpers.UnpicklesOnce(tmp_path / 'loads', 1)
+    with MultiprocessIterator(dataset, 2, n_processes=1,
+                              maxtasksperchild=1, shuffle=False,
+                              start_method=method) as it:
+        dataset.refuse = True      # the first worker has it already
+        batches = []
+        with pytest.raises(chainiter.ChainiterError,
+                           match='could not start') as info:
+            for _ in range(4):
+                batches.append(next(it))
+        # The batch the first worker loads may fail with the rest: the
+        # replacement starts as that worker takes its last task.
+        assert batches in ([], [[0, 1]])
+        assert 'refuses to be {} again'.format(
+            'pickled' if where == 'pickling' else 'unpickled') in \
+            str(info.value.__cause__)
+    assert not failed_threads, failed_threads
+    assert 'Exception in thread' not in capfd.readouterr().err
+
+
+def test_a_startup_error_that_cannot_be_unpickled_here(
+        method, monkeypatch, capfd):
+    # The worker's error pickles there, but not back in the main process:
+    # next() says what is known, and no thread prints.
+    failed_threads = []
+    monkeypatch.setattr(threading, 'excepthook', failed_threads.append)
+    with MultiprocessIterator(list(range(8)), 2, n_processes=1,
+                              worker_init_fn=helpers.homesick_init,
+                              start_method=method) as it:
+        with pytest.raises(chainiter.ChainiterError,
+                           match='could not start') as info:
+            next(it)
+        text = str(info.value)
+        assert 'HomesickError' in text and 'no GPU for worker 0' in text
+        assert 'cannot be rebuilt' in text
+    assert not failed_threads, failed_threads
+    assert 'Exception in thread' not in capfd.readouterr().err
+
+
 _UNGUARDED = '''
 import sys
 import numpy
@@ -70,7 +122,7 @@ class Numbers:
 
 
 # No "if __name__ == '__main__':" guard.
-it = chainiter.MultiprocessIterator(Numbers(), 4, n_processes=2,
+it = chainiter.MultiprocessIterator(Numbers(), 4, n_processes=3,
                                     shuffle=False, start_method=sys.argv[1])
 print(*[float(x) for x in next(it)])
 it.finalize()
@@ -107,3 +159,10 @@ def test_a_script_without_the_main_guard_is_told_so(method, tmp_path):
     # Told at the first death: no restarts, no WorkerDiedError.
     assert 'WorkerRestartWarning' not in done.stderr
     assert 'WorkerDiedError' not in done.stderr
+    # One worker's traceback, which names the script's line and the fix,
+    # and the main process's: not one of multiprocessing's 40-line
+    # tracebacks from every worker.
+    assert done.stderr.count('Traceback (most recent call last)') <= 2, \
+        done.stderr
+    assert 'bootstrapping phase' not in done.stderr
+    assert len(done.stderr.splitlines()) <= 60, done.stderr

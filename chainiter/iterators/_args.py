@@ -1,6 +1,8 @@
 """The checks of constructor arguments, in one place so that they agree:
 integers may be Python or numpy integers, never bools."""
 
+import multiprocessing
+
 import numpy
 
 
@@ -31,6 +33,22 @@ def seconds(name, value):
 def callable_or_none(name, value):
     if value is not None and not callable(value):
         raise TypeError('{} must be callable, got {!r}'.format(name, value))
+    return value
+
+
+def start_method(value):
+    """A start method of multiprocessing this platform has, or None (the
+    default); else an error naming the ones it has (multiprocessing's own
+    says only 'cannot find context')."""
+    if value is None:
+        return None
+    methods = multiprocessing.get_all_start_methods()
+    if not isinstance(value, str) or value not in methods:
+        raise ValueError(
+            'start_method must be one of {} (the start methods of '
+            'multiprocessing on this platform) or None for Python\'s '
+            'default, got {!r}'.format(
+                ', '.join(map(repr, methods)), value))
     return value
 
 

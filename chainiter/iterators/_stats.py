@@ -11,7 +11,8 @@ batch.  The first batch (which starts workers and sizes buffers) is timed
 apart (``first_batch_s``); the window for ``wait_s``, ``elapsed_s``,
 ``wait_fraction`` and ``examples_per_s`` starts when it is handed out (or
 at ``reset_stats()``).  ``diagnose(it)`` reads the dict and says in one
-line whether the loop is input-bound or compute-bound.
+line whether the loop is input-bound or compute-bound; the verdict itself
+is ``judge``, a pure function of the figures.
 """
 
 import math
@@ -29,6 +30,12 @@ MIN_BATCHES = 2
 #: A MultiprocessIterator's workers count as saturated from this busy
 #: fraction on (more workers help); below it the time goes elsewhere.
 SATURATED_FRACTION = 0.75
+
+#: When the workers waited for a CPU at least this share of their busy
+#: time while fewer of them ran than there are CPUs, other processes took
+#: the CPUs: the figures follow the machine's load, and ``diagnose`` says
+#: they are too noisy instead of advising.
+NOISY_CPU_WAIT = 0.5
 
 
 class Timing:
@@ -136,10 +143,40 @@ def diagnose(iterator, threshold=INPUT_BOUND_FRACTION):
     batches (e.g. at the end of an epoch).
 
     Input-bound when ``next()`` waited at least ``threshold`` of the time;
-    the line then suggests a worker count that would keep up (more workers
-    for the share of time spent waiting, at most the CPUs available).
+    the line then says what would help (see ``judge``).
     """
-    stats = iterator.stats
+    converter = getattr(iterator, 'converter', None)
+    return judge(
+        iterator.stats, usable_cpus(), threshold,
+        n_processes=getattr(iterator, 'n_processes', None),
+        n_threads=getattr(iterator, 'n_threads', None),
+        converter_in_main=converter is not None and not getattr(
+            iterator, '_stacked', False) and not getattr(
+                iterator, '_in_workers', False))
+
+
+def judge(stats, cpus, threshold=INPUT_BOUND_FRACTION, n_processes=None,
+          n_threads=None, converter_in_main=False):
+    """The verdict of ``diagnose`` from the figures alone: ``stats`` (an
+    iterator's), the CPUs available, and what loads (``n_processes``
+    workers, ``n_threads`` threads, or neither: the main thread).
+
+    For workers it goes by what they did, over the active ones
+    (``worker_busy``, ``worker_cpu_wait``):
+
+    - busy at least ``SATURATED_FRACTION``: they are the limit; more of
+      them, up to the CPUs;
+    - less, with most batches by copy, or a converter in the main
+      process: the main process is;
+    - less, with fewer than two tasks in flight for each active worker:
+      the pipeline is too shallow (``n_prefetch``);
+    - less, with tasks enough: what a worker does around ``dataset[i]``
+      (messages, small tasks) is not timed as busy, but it is the workers'
+      work all the same: more of them;
+    - waits for a CPU of at least ``NOISY_CPU_WAIT`` of their busy time,
+      with fewer workers than CPUs: other processes took the CPUs, and the
+      figures would change with the load: too noisy to advise.
+    """
     if stats.get('timed_batches', 0) < MIN_BATCHES or \
             stats['elapsed_s'] <= 0:
         return ('not enough batches to judge yet ({} handed out); call '
@@ -151,7 +188,17 @@ def diagnose(iterator, threshold=INPUT_BOUND_FRACTION):
     if waited < threshold:
         return 'compute-bound: {}; the loader is not the bottleneck'.format(
             head)
-    return 'input-bound: {}; {}'.format(head, _advice(iterator, stats))
+    if n_processes is not None:
+        advice = _workers_advice(stats, cpus, n_processes, converter_in_main)
+    elif n_threads is not None:
+        advice = ('try n_threads={} (or MultiprocessIterator(n_processes={}) '
+                  'when dataset[i] holds the GIL)'.format(
+                      _more_workers(n_threads, waited, 4 * cpus),
+                      _more_workers(1, waited, cpus)))
+    else:
+        advice = 'try MultiprocessIterator(n_processes={})'.format(
+            _more_workers(1, waited, max(cpus, 2)))
+    return 'input-bound: {}; {}'.format(head, advice)
 
 
 def _more_workers(current, waited, cpus):
@@ -161,30 +208,41 @@ def _more_workers(current, waited, cpus):
     return min(max(current + 1, math.ceil(current / computing)), cpus)
 
 
-def _advice(iterator, stats):
-    cpus = usable_cpus()
+def _workers_advice(stats, cpus, n_processes, converter_in_main):
     waited = stats['wait_fraction']
-    n_processes = getattr(iterator, 'n_processes', None)
-    if n_processes is not None:
-        busy = stats.get('worker_busy')
-        if busy is not None and busy < SATURATED_FRACTION:
-            return ('but the workers were busy only {:.0%} of the time: the '
-                    'main process is the bottleneck (the converter, batches '
-                    'by copy: {} of {}) or the pipeline is too shallow: try '
-                    'n_prefetch={}'.format(busy, stats.get('by_copy', 0),
-                                           stats['batches'],
-                                           2 * stats.get('prefetch', 1)))
-        if n_processes >= cpus:
-            return ('the {} workers use every CPU available: make '
-                    'dataset[i] cheaper (or load on more machines)'.format(
-                        n_processes))
-        return 'try n_processes={}'.format(
-            _more_workers(n_processes, waited, cpus))
-    n_threads = getattr(iterator, 'n_threads', None)
-    if n_threads is not None:
-        return ('try n_threads={} (or MultiprocessIterator(n_processes={}) '
-                'when dataset[i] holds the GIL)'.format(
-                    _more_workers(n_threads, waited, 4 * cpus),
-                    _more_workers(1, waited, cpus)))
-    return 'try MultiprocessIterator(n_processes={})'.format(
-        _more_workers(1, waited, max(cpus, 2)))
+    busy = stats.get('worker_busy')
+    cpu_wait = stats.get('worker_cpu_wait') or 0.0
+    active = min(stats.get('workers_active') or n_processes, n_processes)
+    if busy is not None and cpu_wait >= NOISY_CPU_WAIT and active < cpus:
+        return ('but the measurement is too noisy to advise on: the '
+                'workers waited for a CPU {:.0%} of their busy time, so '
+                'other processes took the CPUs and the figures change with '
+                'the machine\'s load; measure again when it is '
+                'quieter'.format(cpu_wait))
+    if busy is not None and busy < SATURATED_FRACTION:
+        batches = max(stats['batches'], 1)
+        by_copy = stats.get('by_copy', 0)
+        prefetch = stats.get('prefetch', 1)
+        tasks = prefetch / max(stats.get('batches_per_task') or 1, 1)
+        idle = 'but the workers were busy only {:.0%} of the time: '.format(
+            busy)
+        if converter_in_main:
+            return idle + ('the main process is the bottleneck, running '
+                           'the converter: pass converter_in_workers=True '
+                           '(or converter=concat_examples)')
+        if by_copy * 2 >= batches:
+            return idle + ('the main process is the bottleneck, copying '
+                           'batches ({} of {} by copy): let go of each '
+                           'batch before the next next(), and pass '
+                           'converter=concat_examples'.format(
+                               by_copy, stats['batches']))
+        if tasks < 2 * active:
+            return idle + ('the pipeline is too shallow ({} batches in '
+                           'flight for {} workers): try n_prefetch={}'.format(
+                               prefetch, active, 2 * prefetch))
+    if n_processes >= cpus:
+        return ('the {} workers use every CPU available: make '
+                'dataset[i] cheaper (or load on more machines)'.format(
+                    n_processes))
+    return 'try n_processes={}'.format(
+        _more_workers(n_processes, waited, cpus))

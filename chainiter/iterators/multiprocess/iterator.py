@@ -26,8 +26,8 @@ from chainiter.iterators import _args, order_samplers
 from chainiter.iterators._base import DatasetIterator, _Failed
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import (
-    by_value, converted, list_layout, read, remote, share, stacked_layout,
-    stacked_rows)
+    by_value, converted, launch, list_layout, read, remote, share,
+    stacked_layout, stacked_rows)
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.pool import Pool
@@ -214,9 +214,12 @@ class MultiprocessIterator(DatasetIterator):
     once if measured again after ``REGROUP_AFTER`` more allows, and
     from then on one by one again once a group fails or its batches differ
     in shape or dtype); ``ready``, batches loaded and waiting
-    in order; ``worker_busy``, the fraction of the workers' time spent
-    loading (``dataset[i]`` and writing to shared memory, as the workers
-    time each chunk) since the timed window began (None before).
+    in order; ``workers_active``, the workers that take tasks now;
+    ``worker_busy``, the fraction of the active workers' time spent
+    loading (``dataset[i]`` and writing to shared memory, waits for a CPU
+    included, as the workers time each chunk) since the timed window began
+    (None before), and ``worker_cpu_wait``, the fraction of that time they
+    waited for a CPU.
     """
 
     PREFETCH_BYTES = 256 * 2 ** 20
@@ -266,6 +269,9 @@ class MultiprocessIterator(DatasetIterator):
                              'in the workers, but no converter was given: '
                              'pass converter=...')
         _args.callable_or_none('worker_init_fn', worker_init_fn)
+        start_method = _args.start_method(start_method)
+        launch.refuse_in_bootstrap(
+            multiprocessing.get_context(start_method).get_start_method())
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
         self.n_processes = n_processes
@@ -323,10 +329,11 @@ class MultiprocessIterator(DatasetIterator):
         stats['by_copy'] = self._by_copy
         stats['prefetch'] = self._prefetch_depth
         stats['batches_per_task'] = self._group
-        stats['worker_busy'] = self._worker_busy()
         pool = self._pool
         stats['workers_active'] = self.n_processes if pool is None else \
             pool.book.active
+        stats['worker_busy'], stats['worker_cpu_wait'] = \
+            self._worker_busy(stats['workers_active'])
         return stats
 
     def reset_stats(self):
@@ -363,21 +370,28 @@ class MultiprocessIterator(DatasetIterator):
 
     def _stats_window_started(self):
         pool = self._pool
-        self._busy_mark = (id(pool), 0.0 if pool is None else
-                           pool.book.load_s + pool.book.queued_s)
+        self._busy_mark = (id(pool), 0.0, 0.0) if pool is None else \
+            (id(pool), pool.book.load_s, pool.book.queued_s)
 
-    def _worker_busy(self):
+    def _worker_busy(self, active):
+        """``(worker_busy, worker_cpu_wait)`` over the window: the share
+        of the active workers' time spent loading (waits for a CPU
+        included), and the share of that spent waiting for a CPU; None
+        before the window or any loading."""
         pool, since = self._pool, self._timing.since
         if pool is None or since is None:
-            return None
+            return None, None
         span = time.perf_counter() - since
-        pool_id, loaded = self._busy_mark
+        pool_id, loaded, queued = self._busy_mark
         if pool_id != id(pool):     # a new pool since the window began
-            loaded = 0.0
+            loaded = queued = 0.0
+        loaded = pool.book.load_s - loaded
+        queued = pool.book.queued_s - queued
         if span <= 0:
-            return None
-        return min(1.0, (pool.book.load_s + pool.book.queued_s - loaded) /
-                   (self.n_processes * span))
+            return None, None
+        busy = min(1.0, (loaded + queued) / (max(active, 1) * span))
+        return busy, (queued / (loaded + queued) if loaded + queued > 0
+                      else None)
 
     def _floor_depth(self):
         """The fewest batches in flight, whatever ``prefetch_bytes`` holds:
@@ -436,7 +450,7 @@ class MultiprocessIterator(DatasetIterator):
         self._regroup = None        # (batches since, load_s, loaded)
         self._open = None           # the group being filled
         self._ahead_group = None    # the next group, taken ahead
-        self._busy_mark = (None, 0.0)   # (id(pool), its load_s) at start
+        self._busy_mark = (None, 0.0, 0.0)  # (id(pool), load_s, queued_s)
 
     def _start_pool(self):
         # With the converter in the workers a slot holds one converted

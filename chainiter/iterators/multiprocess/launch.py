@@ -28,6 +28,31 @@ from chainiter.iterators.multiprocess import worker as _worker
 
 _JOIN_TIMEOUT_S = 1.0     # then terminate, then kill
 
+_WORKER_NAME = 'chainiter-worker-'
+
+
+def refuse_in_bootstrap(method):
+    """Raise when a worker of ours is bootstrapping, importing the main
+    script again (spawn, forkserver), and the script builds an iterator
+    at top level: multiprocessing refuses to start a process there, with
+    a 40-line traceback from each worker.  Worker 0 raises a short error
+    instead (it names the script's line, and the fix); the others exit
+    quietly (exit code 1 all the same: the main process tells the user).
+    Under fork nothing is refused: multiprocessing allows it."""
+    current = multiprocessing.current_process()
+    if method == 'fork' or not getattr(current, '_inheriting', False) or \
+            not current.name.startswith(_WORKER_NAME):
+        return
+    if current.name != _WORKER_NAME + '0':
+        raise SystemExit(1)
+    raise RuntimeError(
+        'a MultiprocessIterator was built while {} started: under the {!r} '
+        'start method each worker first runs the main script again (as '
+        '__mp_main__), and this script builds the iterator at top level, '
+        'outside "if __name__ == \'__main__\':". Put the script\'s code '
+        'under that guard, or use start_method="fork"'.format(
+            current.name, method))
+
 
 class Launched:
     """A started worker process, as the pool sees it."""
@@ -86,8 +111,13 @@ class ProcessLauncher:
                 self._args, worker_id, child_conn, os.getpid(),
                 threading.current_thread() is threading.main_thread()),
             daemon=True)
-        process.start()
-        child_conn.close()
+        try:
+            process.start()
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
         launched = Launched(self._next_key, parent_conn, process)
         self._next_key += 1
         self._running[process.sentinel] = launched

@@ -144,6 +144,19 @@ class Pool:
                         e), e))
                 return
             self.receiver.retry_later()
+        except Exception as e:
+            # Under spawn and forkserver the dataset is pickled for each
+            # worker (a replacement too: maxtasksperchild, a death), and
+            # that may fail the second time: another try would too.
+            self._put_ready(self.book.fail_all(
+                'a new worker process could not start: starting it raised '
+                '{}: {} (under the {!r} start method the dataset and '
+                'worker_init_fn are pickled for every worker, those that '
+                'replace a worker after maxtasksperchild or a death '
+                'too). No more workers are started; fix the cause and '
+                'build a new iterator'.format(
+                    type(e).__name__, e, self.method), e))
+            return
         else:
             self._start_failures = 0
         for task in self.book.take_unassigned():
@@ -502,14 +515,12 @@ class Pool:
             # ran): another worker would fail the same way.
             self._put_ready(self.book.fail_all(
                 'worker process {} {} before it started: Python could not '
-                'start it (its traceback is printed above). Under the {!r} '
+                'start it (a worker prints the traceback). Under the {!r} '
                 'start method a worker first imports the main script (as '
                 '__mp_main__); most often the script builds the iterator at '
                 'top level, outside "if __name__ == \'__main__\':", and that '
-                'fails there ("An attempt has been made to start a new '
-                'process before the current process has finished its '
-                'bootstrapping phase"). Put the script\'s code under that '
-                'guard, or use start_method="fork". No more workers are '
+                'fails there. Put the script\'s code under that guard, or '
+                'use start_method="fork". No more workers are '
                 'started'.format(
                     worker.id, died_with, self.method), None))
         outcome = self.book.worker_exited(launched.key, code, died_with)

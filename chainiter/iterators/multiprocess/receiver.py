@@ -18,6 +18,7 @@ import signal
 import threading
 
 from chainiter.errors import ChainiterError
+from chainiter.iterators.multiprocess import remote
 from chainiter.iterators.multiprocess.wire import receive_results
 from chainiter.iterators.multiprocess.worker import (
     NO_ROOM, STARTED, STARTUP_FAILED)
@@ -190,13 +191,15 @@ class Receiver:
                             pool.on_exit(launched)
                         pool.replenish()
         except BaseException as e:   # a bug here must not hang next()
-            if not pool.closed:
-                error = ChainiterError(
-                    'the receiver thread of MultiprocessIterator failed: '
-                    '{!r}'.format(e))
-                error.__cause__ = e
-                pool.ready.put(error)
-            raise
+            if pool.closed:
+                raise
+            # next() raises it, with this traceback: the thread ends
+            # without printing it ("Exception in thread") as well.
+            error = ChainiterError(
+                'the receiver thread of MultiprocessIterator failed: '
+                '{!r}'.format(e))
+            error.__cause__ = e
+            pool.ready.put(error)
         finally:
             selector.close()
 
@@ -263,7 +266,8 @@ class Receiver:
             if seq == STARTED:
                 worker.started = True
             elif seq == STARTUP_FAILED:
-                pool.on_startup_failure(worker, pickle.loads(payload)[1])
+                pool.on_startup_failure(worker,
+                                        remote.startup_error(payload))
             elif seq == NO_ROOM:
                 pool.on_no_room(*pickle.loads(payload))
             else:

@@ -42,6 +42,30 @@ def capture(e, index):
 
 
 
+def startup_payload(error):
+    """What a worker that could not start sends home: the ``RemoteError``
+    with its exception pickled apart, so that an exception the main
+    process cannot unpickle leaves the rest readable."""
+    exception = None if error.exception is None else \
+        pickle.dumps(error.exception, pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(([], error._replace(exception=None), exception),
+                        pickle.HIGHEST_PROTOCOL)
+
+
+def startup_error(payload):
+    """The ``RemoteError`` of ``startup_payload``, in the main process."""
+    _, error, exception = pickle.loads(payload)
+    if exception is None:
+        return error
+    try:
+        return error._replace(exception=pickle.loads(exception))
+    except Exception as e:
+        return error._replace(message='{} (a {}, which cannot be unpickled '
+                              'in the main process: {}: {})'.format(
+                                  error.message, error.type_name,
+                                  type(e).__name__, e))
+
+
 def first_unpicklable(metas, task):
     if type(metas) is UniformRows:
         metas = metas.others or []     # the only part that is not arrays

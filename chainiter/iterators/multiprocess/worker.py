@@ -199,8 +199,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         error = error._replace(message='{}: {}'.format(what, error.message))
         try:
             wire.send_frame(conn, wire.header(0, STARTUP_FAILED, 0) +
-                            pickle.dumps(([], error),
-                                         pickle.HIGHEST_PROTOCOL))
+                            remote.startup_payload(error))
         except (BrokenPipeError, EOFError, ConnectionResetError):
             pass
         return
