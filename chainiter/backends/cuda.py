@@ -57,8 +57,9 @@ def check_available(device_id):
     if cupy is None:
         raise RuntimeError(
             '{}, but cupy cannot be imported ({}: {}). '
-            'Install the cuda extra: pip install "chainiter[cuda]" (or the '
-            'cupy wheel matching your CUDA, e.g. cupy-cuda12x), or pass '
+            'Install the extra of your CUDA: pip install '
+            '"chainiter[cuda12]" (cupy-cuda12x; "chainiter[cuda]" is the '
+            'same) or "chainiter[cuda13]" (cupy-cuda13x), or pass '
             'device=None for the host'.format(
                 what, type(_import_error).__name__, _import_error))
     try:
