@@ -565,6 +565,31 @@ def run_with_dev_shm(script, size, tmp, tmp_size=None, timeout=120):
         capture_output=True, text=True, timeout=timeout)
 
 
+def reserve_when_measured():
+    """In this process from now on, a file in /dev/shm whose pages are not
+    all reserved is reserved (``posix_fallocate``) just before
+    ``os.fstat`` looks at it: as when a worker reserves a slot at the
+    moment the main process measures it."""
+    import os
+    real = os.fstat
+
+    def fstat(fd, *args, **kwargs):
+        if isinstance(fd, int):
+            try:
+                path = os.readlink('/proc/self/fd/{}'.format(fd))
+            except OSError:
+                path = ''
+            if path.startswith('/dev/shm/'):
+                st = real(fd)
+                if st.st_blocks * 512 < st.st_size:
+                    try:
+                        os.posix_fallocate(fd, 0, st.st_size)
+                    except OSError:
+                        pass    # no room: the worker fails as well
+        return real(fd, *args, **kwargs)
+    os.fstat = fstat
+
+
 def no_room_init(error, flag, worker_id):
     """A worker_init_fn (with ``functools.partial``): in the worker,
     reserving file pages (``os.posix_fallocate``) fails with errno

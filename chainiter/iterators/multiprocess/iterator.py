@@ -78,7 +78,7 @@ class _Group:
     rows (``stacked``) or examples of all of them, cut at ``bounds``."""
     __slots__ = ('steps', 'seed', 'padded', 'handle', 'error', 'bounds',
                  'arrived', 'taken', 'stacked', 'examples', 'by_copy',
-                 'tops', 'layout')
+                 'tops', 'layout', '__weakref__')
 
     def __init__(self, seed, padded):
         self.steps = []
@@ -701,6 +701,10 @@ class MultiprocessIterator(DatasetIterator):
         else:
             group.stacked, group.examples, group.by_copy = self._read(
                 batch, chunks)
+        if group.stacked is not None and batch.slot is not None:
+            # Arrays the iterator keeps: a fork while the user holds
+            # none of this group's batches leaves the slot in use.
+            self._pool.slots.keep(batch.slot, group)
         if self._regroup is not None and group.stacked is not None:
             self._measure_again(len(group.steps))
         if group.stacked is None and batch.slot is not None:

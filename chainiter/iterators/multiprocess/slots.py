@@ -29,7 +29,10 @@ what it allocates to the workers.
 import ctypes
 import errno
 import os
+import sys
 import weakref
+
+import numpy
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter._interrupts import uninterrupted
@@ -91,13 +94,14 @@ def _check_room(size):
 
 
 class Slot:
-    __slots__ = ('exporter', 'index', 'owner', 'shared')
+    __slots__ = ('exporter', 'index', 'kept', 'owner', 'shared')
 
     def __init__(self, index):
         self.index = index
         self.shared = None     # its SharedBuffer, once it is first needed
         self.owner = None      # (generation, seq) of the batch it is for
         self.exporter = None   # weak reference to the hand-out's exporter
+        self.kept = None       # weak reference to what ``keep`` was given
 
 
 class Buffers:
@@ -112,6 +116,38 @@ class Buffers:
 
     def allocated(self):
         return [slot for slot in self.slots if slot.shared is not None]
+
+
+def _kept_only(slot, exporter):
+    """Whether the arrays that the iterator keeps (``keep``) are all that
+    view ``exporter``, the slot's hand-out: no array of the user's does.
+    Each array read from a slot, and each view of one (numpy makes its
+    base the first array that owns no data of its own), has for base the
+    one uint8 array of the exporter's bytes: references to that, beyond
+    the kept arrays', are arrays held elsewhere (or views of them)."""
+    holder = slot.kept() if slot.kept is not None else None
+    stacked = None if holder is None else holder.stacked
+    if type(stacked) is dict:
+        arrays = list(stacked.values())
+    elif type(stacked) is tuple:
+        arrays = list(stacked)
+    elif type(stacked) is numpy.ndarray:
+        arrays = [stacked]
+    else:
+        return False
+    base = arrays[0].base
+    if type(base) is not numpy.ndarray or base.base is not exporter or \
+            any(type(a) is not numpy.ndarray or a.base is not base
+                for a in arrays):
+        return False
+    # An object with the references ``base`` has when nothing else holds
+    # it (one from each kept array, one from this frame), counted the
+    # same way on every Python version.
+    probe = object()
+    probes = [probe] * len(arrays)
+    counts = sys.getrefcount(base), sys.getrefcount(probe)
+    del probes
+    return counts[0] == counts[1]
 
 
 def _idle(slot, generation):
@@ -222,14 +258,17 @@ class SlotPool:
         the parent view, and may read them for as long as it lives.  Those
         slots are never written again; new memory takes their place.
         (Not the slots of batches read ahead and not yet handed out, which
-        still have an owner: no array of the user's views them.)"""
+        still have an owner, nor those that only the iterator's own arrays
+        view, ``keep``: no array of the user's views them.)"""
         buffers = self.buffers
         if buffers is None:
             return
         retired = []
         for slot in buffers.slots:
+            exporter = None if slot.exporter is None else slot.exporter()
             if slot.shared is not None and slot.owner is None and \
-                    slot.exporter is not None and slot.exporter() is not None:
+                    exporter is not None and \
+                    not _kept_only(slot, exporter):
                 retired.append(slot.shared)
                 slot.shared = slot.exporter = slot.owner = None
         if retired:
@@ -257,6 +296,15 @@ class SlotPool:
         still the batch's (``owner``) until ``hand_over``, and not kept
         at a fork."""
         slot.exporter = weakref.ref(exporter)
+
+    @staticmethod
+    def keep(slot, holder):
+        """The iterator keeps the arrays read from the batch in ``slot``
+        in ``holder.stacked`` (an array, or a tuple or dict of them) until
+        it sets that to None, while the user gets views of them (new
+        arrays, never these): at a fork, the slot is the child's too only
+        if something else views it (``retire_leased``)."""
+        slot.kept = weakref.ref(holder)
 
     @staticmethod
     def hand_over(slot):
