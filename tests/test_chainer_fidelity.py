@@ -260,6 +260,51 @@ def test_a_prefetcher_writes_the_order_of_the_batch_handed_out(kind):
     assert chainers.target['epoch'] == 0
 
 
+# ---- numpy's global RNG ----------------------------------------------------
+
+@pytest.mark.parametrize('options', ['in order', 'order_sampler'])
+def test_without_a_shuffle_numpys_global_rng_is_left_alone(make, options):
+    # As Chainer's iterators leave it: a model initialised after its
+    # iterators are built gets the same weights as under Chainer.
+    dataset, kwargs = {
+        'in order': (AugmentedDataset(7), dict(shuffle=False)),
+        'order_sampler': (AugmentedDataset(3),
+                          dict(order_sampler=Oversample()))}[options]
+    numpy.random.seed(0)
+    name, keys, position, has_gauss, cached = numpy.random.get_state()
+    with make(dataset, 2, **kwargs) as it:
+        for _ in range(4):
+            next(it)
+        it.reset()
+        next(it)
+        chainiter.serializers.save_npz(io.BytesIO(), it)
+    after = numpy.random.get_state()
+    assert numpy.array_equal(after[1], keys)
+    assert after[2:] == (position, has_gauss, cached)
+
+
+def test_without_a_shuffle_numpy_random_seed_still_keys_example_rng():
+    # The seed is read from the global RNG's state, not drawn from it (by
+    # the constructor that every kind shares).
+    def run(global_seed):
+        numpy.random.seed(global_seed)
+        with SerialIterator(AugmentedDataset(5), 2, shuffle=False) as it:
+            return [fingerprint(next(it)) for _ in range(3)]
+
+    assert run(1) == run(1) != run(2)
+
+
+def test_a_shuffle_without_a_seed_draws_it_from_numpys_global_rng():
+    def seed(global_seed):
+        numpy.random.seed(global_seed)
+        before = numpy.random.get_state()[2]
+        with SerialIterator(list(range(5)), 2) as it:
+            assert numpy.random.get_state()[2] != before    # drawn
+            return it.seed
+
+    assert seed(1) == seed(1) != seed(2)
+
+
 # ---- examples arrive exactly as dataset[i] returned them ------------------
 
 @pytest.mark.parametrize('kind', ['uniform', 'bare', 'irregular'])

@@ -230,7 +230,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         # shuffle=None means shuffle unless an order sampler is given.
         self._shuffle = order_sampler is None and (
             shuffle is None or bool(shuffle))
-        self._seed = order_samplers.check_seed(seed)
+        if seed is None and not self._shuffle:
+            # As Chainer's, an iterator that does not shuffle draws nothing
+            # from numpy's global RNG (a model initialised after it gets
+            # the same weights); its seed still follows numpy.random.seed.
+            self._seed = order_samplers.seed_from_global_state()
+        else:
+            self._seed = order_samplers.check_seed(seed)
         self._shard, self._seed_given = None, seed is not None
         if shard is not None:
             self._shard, self._seed = _resolve_shard(shard, seed, self._seed)
