@@ -174,6 +174,137 @@ def test_reset_with_an_order_sampler_asks_it_again(make):
         assert next(it) != first
 
 
+# ---- snapshots written by Chainer's serializers ---------------------------
+
+class _ChainerSerializer:
+    """Stands for ``chainer.serializer.Serializer``, which is how chainiter
+    knows Chainer's serializers (so this runs without Chainer;
+    test_chainer_differential.py loads the snapshots into Chainer's own
+    iterators)."""
+
+
+_ChainerSerializer.__module__ = 'chainer.serializer'
+_ChainerSerializer.__name__ = _ChainerSerializer.__qualname__ = 'Serializer'
+
+
+class ChainerDictionary(_ChainerSerializer):
+    """Keeps each value under its key, as the serializer of Chainer's unit
+    tests does (no children)."""
+
+    def __init__(self):
+        self.target = {}
+
+    def __getitem__(self, key):
+        raise NotImplementedError
+
+    def __call__(self, key, value):
+        self.target[key] = value
+        return value
+
+
+@pytest.mark.parametrize('kind, options', [
+    (kind, options) for kind in KINDS
+    # The key is chosen by the iterator's class alone: each start method
+    # once.
+    for options in (['seed', 'order_sampler', 'in order']
+                    if kind in ('serial', 'thread') else ['seed'])])
+def test_chainers_serializers_get_the_order_as_chainer_writes_it(
+        kind, options):
+    # Chainer's MultithreadIterator reads its order from '_order' (None
+    # when unshuffled), the others from 'order'; chainiter's own snapshot
+    # of a seeded shuffle holds the seed alone.  Either loads back into a
+    # chainiter iterator, the seed kept.
+    make = KINDS[kind]
+    kwargs = {'seed': lambda: dict(seed=5),
+              'order_sampler': lambda: dict(order_sampler=Balanced(2)),
+              'in order': lambda: dict(shuffle=False)}[options]
+    with make(AugmentedDataset(10), 3, **kwargs()) as it:
+        for _ in range(4):
+            next(it)                # past the end of epoch 0
+        key = '_order' if isinstance(it, MultithreadIterator) else 'order'
+        own = it.state_dict()
+        chainers = ChainerDictionary()
+        it.serialize(chainers)
+        expected = [fingerprint(next(it)) for _ in range(8)]
+    others = set(own) - {'order'}
+    assert set(chainers.target) - {key} == others
+    if options == 'seed':
+        assert 'order' not in own
+        assert numpy.array_equal(chainers.target[key],
+                                 chainiter.iterators.order_samplers
+                                 .seeded_order(5, 1, 10))
+    elif options == 'order_sampler':
+        assert numpy.array_equal(chainers.target[key], own['order'])
+    elif key == '_order':
+        assert chainers.target[key] is None
+    else:
+        assert key not in chainers.target
+    with make(AugmentedDataset(10), 3, **dict(kwargs(), seed=77)) as other:
+        other.serialize(chainiter.serializers.NpzDeserializer(
+            {k: numpy.asarray(v) for k, v in chainers.target.items()}))
+        assert [fingerprint(next(other)) for _ in range(8)] == expected
+
+
+@pytest.mark.parametrize('kind', [SerialIterator, MultithreadIterator])
+def test_a_prefetcher_writes_the_order_of_the_batch_handed_out(kind):
+    with chainiter.DevicePrefetcher(kind(list(range(10)), 3, seed=5),
+                                    depth=3) as it:
+        for _ in range(3):
+            next(it)     # position 9 of epoch 0; epoch 1 loaded ahead
+        chainers = ChainerDictionary()
+        it.serialize(chainers)
+    key = '_order' if kind is MultithreadIterator else 'order'
+    assert numpy.array_equal(
+        chainers.target[key],
+        chainiter.iterators.order_samplers.seeded_order(5, 0, 10))
+    assert chainers.target['epoch'] == 0
+
+
+# ---- numpy's global RNG ----------------------------------------------------
+
+@pytest.mark.parametrize('options', ['in order', 'order_sampler'])
+def test_without_a_shuffle_numpys_global_rng_is_left_alone(make, options):
+    # As Chainer's iterators leave it: a model initialised after its
+    # iterators are built gets the same weights as under Chainer.
+    dataset, kwargs = {
+        'in order': (AugmentedDataset(7), dict(shuffle=False)),
+        'order_sampler': (AugmentedDataset(3),
+                          dict(order_sampler=Oversample()))}[options]
+    numpy.random.seed(0)
+    name, keys, position, has_gauss, cached = numpy.random.get_state()
+    with make(dataset, 2, **kwargs) as it:
+        for _ in range(4):
+            next(it)
+        it.reset()
+        next(it)
+        chainiter.serializers.save_npz(io.BytesIO(), it)
+    after = numpy.random.get_state()
+    assert numpy.array_equal(after[1], keys)
+    assert after[2:] == (position, has_gauss, cached)
+
+
+def test_without_a_shuffle_numpy_random_seed_still_keys_example_rng():
+    # The seed is read from the global RNG's state, not drawn from it (by
+    # the constructor that every kind shares).
+    def run(global_seed):
+        numpy.random.seed(global_seed)
+        with SerialIterator(AugmentedDataset(5), 2, shuffle=False) as it:
+            return [fingerprint(next(it)) for _ in range(3)]
+
+    assert run(1) == run(1) != run(2)
+
+
+def test_a_shuffle_without_a_seed_draws_it_from_numpys_global_rng():
+    def seed(global_seed):
+        numpy.random.seed(global_seed)
+        before = numpy.random.get_state()[2]
+        with SerialIterator(list(range(5)), 2) as it:
+            assert numpy.random.get_state()[2] != before    # drawn
+            return it.seed
+
+    assert seed(1) == seed(1) != seed(2)
+
+
 # ---- examples arrive exactly as dataset[i] returned them ------------------
 
 @pytest.mark.parametrize('kind', ['uniform', 'bare', 'irregular'])

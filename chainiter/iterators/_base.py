@@ -84,6 +84,13 @@ def _is_deserializer(serializer):
                for cls in type(serializer).__mro__)
 
 
+def _is_chainers(serializer):
+    # Chainer's serializers derive from the classes of chainer.serializer
+    # (known by their module: Chainer is never imported to ask).
+    return any(cls.__module__ == 'chainer.serializer'
+               for cls in type(serializer).__mro__)
+
+
 def check_dataset(dataset):
     missing = [name for name in ('__len__', '__getitem__')
                if not hasattr(dataset, name)]
@@ -248,8 +255,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     _prefetch_depth = 0
 
     #: Write the epoch's order into snapshots even when it follows from the
-    #: seed (8 bytes an example), so that Chainer's iterators can load them.
+    #: seed (8 bytes an example), so that Chainer's iterators can load them
+    #: (always done for Chainer's own serializers).
     save_order = False
+
+    #: Where Chainer's iterator of this kind writes the epoch's order in a
+    #: snapshot, and whether it writes None (no shuffle) there too.
+    _chainer_order = ('order', False)
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
                  order_sampler=None, seed=None, shard=None):
@@ -270,7 +282,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         # shuffle=None means shuffle unless an order sampler is given.
         self._shuffle = order_sampler is None and (
             shuffle is None or bool(shuffle))
-        self._seed = order_samplers.check_seed(seed)
+        if seed is None and not self._shuffle:
+            # As Chainer's, an iterator that does not shuffle draws nothing
+            # from numpy's global RNG (a model initialised after it gets
+            # the same weights); its seed still follows numpy.random.seed.
+            self._seed = order_samplers.seed_from_global_state()
+        else:
+            self._seed = order_samplers.check_seed(seed)
         self._shard, self._seed_given = None, seed is not None
         if shard is not None:
             self._shard, self._seed = _resolve_shard(
@@ -564,9 +582,46 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         if _is_deserializer(serializer):
             self._load_snapshot(serializer)
         else:
-            self._save_snapshot(serializer)
+            own = DictionarySerializer()
+            self._save_snapshot(own)
+            self._write_snapshot(serializer, own.target)
+
+    def _write_snapshot(self, serializer, items):
+        """Write ``items``, a snapshot in chainiter's layout (as
+        ``state_dict()`` has it), into ``serializer``: into Chainer's (and
+        with ``save_order``) with the epoch's order as Chainer writes it."""
+        chainers = _is_chainers(serializer)
+        if chainers or self.save_order:
+            items = self._as_chainer_writes(items, chainers)
+        for key, value in items.items():
+            serializer(key, value)
+
+    def _as_chainer_writes(self, items, chainers):
+        """``items`` with the epoch's order as Chainer's iterator of this
+        kind writes it: a seeded order written out, under Chainer's key
+        (``_order`` for MultithreadIterator), and None where Chainer
+        writes it (into Chainer's serializers only: chainiter's snapshots
+        hold no pickled value).  The seed stays: chainiter reading it back
+        keeps its seed, Chainer reads only the keys it knows."""
+        items = dict(items)
+        key, writes_none = self._chainer_order
+        order = None
+        for name in ('order', '_order'):
+            value = items.pop(name, None)
+            if value is not None and numpy.asarray(value).dtype != object:
+                order = value
+        if order is None and bool(items.get('seeded_order', False)):
+            order = order_samplers.seeded_order(
+                order_samplers.pass_seed(int(items['seed']),
+                                         int(items['reset_count'])),
+                int(items['epoch']), int(items['dataset_length']))
+        if order is not None or (writes_none and chainers):
+            items[key] = order
+        return items
 
     def _save_snapshot(self, serializer):
+        """Write the snapshot in chainiter's layout: a seeded order is
+        named by ``seeded_order`` and the seed, not stored."""
         state = self._state
         serializer('format_version', SNAPSHOT_FORMAT_VERSION)
         serializer('current_position', state.current_position)
@@ -574,8 +629,6 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         serializer('is_new_epoch', state.is_new_epoch)
         if isinstance(state.order, order_samplers.SeededPermutation):
             serializer('seeded_order', True)
-            if self.save_order:
-                serializer('order', numpy.asarray(state.order))
         elif state.order is not None:
             serializer('order', state.order)
         serializer('previous_epoch_detail', state.previous_epoch_detail)
@@ -816,7 +869,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     def state_dict(self):
         """The snapshot as a plain dict of Python scalars and numpy arrays."""
         serializer = DictionarySerializer()
-        self._save_snapshot(serializer)
+        self.serialize(serializer)
         return {key: value.item() if value.ndim == 0 else value
                 for key, value in serializer.target.items()}
 

@@ -176,5 +176,4 @@ class DevicePrefetcher(Iterator):
         if self._current is None:
             self.iterator.serialize(serializer)
             return
-        for key, value in self._current[1].items():
-            serializer(key, value)
+        self.iterator._write_snapshot(serializer, self._current[1])

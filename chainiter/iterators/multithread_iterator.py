@@ -24,6 +24,9 @@ class MultithreadIterator(DatasetIterator):
     """
 
     _prefetch_depth = 1
+    # Chainer's MultithreadIterator keeps its order under '_order', None
+    # included.
+    _chainer_order = ('_order', True)
 
     def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
                  n_threads=1, order_sampler=None, *, seed=None, shard=None):

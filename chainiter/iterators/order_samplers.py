@@ -16,6 +16,8 @@ indices of the batches they load), so memory, snapshots and the epoch
 boundary cost the same for a million examples or a billion.
 """
 
+import hashlib
+
 import numpy
 
 # Distinct first words of the seed sequences, so that the epoch orders and
@@ -67,8 +69,21 @@ class ShuffleOrderSampler(OrderSampler):
 
 
 def draw_seed():
-    """A seed drawn from numpy's global RNG (used when ``seed=None``)."""
+    """A seed drawn from numpy's global RNG (used when ``seed=None`` and
+    the iterator shuffles)."""
     return int(numpy.random.randint(0, 2 ** 63 - 1, dtype=numpy.int64))
+
+
+def seed_from_global_state():
+    """A seed that is a function of the state of numpy's global RNG, which
+    is read, not drawn from (used when ``seed=None`` and nothing is
+    shuffled: the global RNG is left as Chainer leaves it, and
+    ``numpy.random.seed(s)`` still makes ``example_rng()`` repeatable)."""
+    _, keys, position = numpy.random.get_state()[:3]
+    digest = hashlib.blake2b(keys.tobytes(), digest_size=8,
+                             salt=b'chainiter')
+    digest.update(int(position).to_bytes(4, 'little'))
+    return int.from_bytes(digest.digest(), 'little') >> 1
 
 
 def check_seed(seed):

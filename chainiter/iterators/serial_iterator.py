@@ -15,7 +15,9 @@ class SerialIterator(DatasetIterator):
             new_order``; cannot be combined with ``shuffle``.
         seed (int or None): with shuffling and no order sampler, epoch ``e``'s
             order is a pure function of ``(seed, e)``; also keys
-            ``example_rng()``.  None draws it from numpy's global RNG.
+            ``example_rng()``.  None draws it from numpy's global RNG
+            (without a shuffle, reads it from that RNG's state: nothing is
+            drawn).
         shard: load one rank's share of every batch of a data-parallel run:
             ``(rank, size)``, ``'auto'`` (from the launcher's environment:
             mpiexec, mpirun, torchrun, srun) or an mpi4py communicator.

@@ -219,6 +219,122 @@ def snapshots(kind, tmp):
     return out
 
 
+def make_chainer(kind):
+    """Chainer's iterator of the same kind as ``make_chainiter(kind)``."""
+    if kind == 'serial':
+        return chainer.iterators.SerialIterator
+    if kind == 'thread':
+        return lambda *a, **k: chainer.iterators.MultithreadIterator(
+            *a, n_threads=2, **k)
+    return lambda *a, **k: chainer.iterators.MultiprocessIterator(
+        *a, n_processes=2, **k)
+
+
+def rest_of_epoch(it, batch_size):
+    """The batches that lie wholly in the epoch in progress (the orders of
+    later epochs are each library's own)."""
+    size = len(it.dataset)
+    return [step(it) for _ in range((size - it.current_position)
+                                    // batch_size)]
+
+
+def shuffled_snapshots(kind, tmp):
+    """A shuffled iterator's snapshot, saved with Chainer's save_npz (as
+    its Trainer's snapshot extension does), into the other library's
+    iterator of the same kind: the epoch in progress goes on alike.  One
+    chainiter iterator serves throughout (workers start slowly)."""
+    out = {}
+    dataset, batch_size = list(range(10)), 3
+    make_ref = make_chainer(kind)
+    loads = {'chainer': chainer.serializers.load_npz,
+             'chainiter': chainiter.serializers.load_npz}
+    with make_chainiter(kind)(dataset, batch_size, seed=5) as it:
+        start = it.state_dict()
+        for k in (0, 2, 4):
+            path = os.path.join(tmp, 'snapshot_iter_{}'.format(k))
+            it.load_state_dict(start)
+            for _ in range(k):
+                step(it)
+            chainer.serializers.save_npz(path, it)
+            expected = [attributes(it)] + rest_of_epoch(it, batch_size)
+            with make_ref(dataset, batch_size) as ref:
+                chainer.serializers.load_npz(path, ref)
+                got = [attributes(ref)] + rest_of_epoch(ref, batch_size)
+            out['shuffled: chainiter -> chainer, same kind, after {} '
+                'steps'.format(k)] = [got, expected]
+            numpy.random.seed(k)
+            with make_ref(dataset, batch_size) as ref:
+                for _ in range(k):
+                    step(ref)
+                chainer.serializers.save_npz(path, ref)
+                expected = [attributes(ref)] + rest_of_epoch(ref, batch_size)
+            for loader in loads:
+                loads[loader](path, it)
+                got = [attributes(it)] + rest_of_epoch(it, batch_size)
+                out['shuffled: chainer -> chainiter, same kind, after {} '
+                    'steps, loaded by {}'.format(k, loader)] = [expected, got]
+    return out
+
+
+def backward_compat(kind):
+    """Chainer's unit test test_iterator_serialize_backward_compat, with
+    its DummySerializer, on each library's iterator of this kind: a
+    shuffled snapshot as older Chainer versions wrote it ('_order', and
+    no previous_epoch_detail, which MultithreadIterator always needs)."""
+    from chainer import serializer
+
+    class DummySerializer(serializer.Serializer):
+
+        def __init__(self, target):
+            super(DummySerializer, self).__init__()
+            self.target = target
+
+        def __getitem__(self, key):
+            raise NotImplementedError
+
+        def __call__(self, key, value):
+            self.target[key] = value
+            return self.target[key]
+
+    class DummyDeserializer(serializer.Deserializer):
+
+        def __init__(self, target):
+            super(DummyDeserializer, self).__init__()
+            self.target = target
+
+        def __getitem__(self, key):
+            raise NotImplementedError
+
+        def __call__(self, key, value):
+            if value is None:
+                value = self.target[key]
+            elif isinstance(value, numpy.ndarray):
+                numpy.copyto(value, self.target[key])
+            else:
+                value = type(value)(numpy.asarray(self.target[key]))
+            return value
+
+    def run(make):
+        dataset = [1, 2, 3, 4, 5, 6]
+        with make(dataset, 2) as it:
+            batches = next(it) + next(it)
+            target = {}
+            it.serialize(DummySerializer(target))
+        if 'order' in target:
+            target['_order'] = target.pop('order')
+        if kind != 'thread':
+            del target['previous_epoch_detail']
+        with make(dataset, 2) as it:
+            it.serialize(DummyDeserializer(target))
+            record = [attributes(it)]
+            batches += next(it)
+            record.append(attributes(it))
+        return record + [sorted(batches) == dataset]
+
+    return {'backward compat (Chainer\'s unit test)': [
+        run(make_chainer(kind)), run(make_chainiter(kind))]}
+
+
 def datasets():
     """Chainer's dataset splitting functions against chainiter's."""
     out = {}
@@ -256,6 +372,8 @@ def main():
     kind, tmp = sys.argv[1], sys.argv[2]
     out = scenarios(kind)
     out.update(snapshots(kind, tmp))
+    out.update(shuffled_snapshots(kind, tmp))
+    out.update(backward_compat(kind))
     if kind == 'serial':
         out.update(datasets())
     print(json.dumps(out))
