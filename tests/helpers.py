@@ -1062,3 +1062,55 @@ class Burn:
         while time.thread_time() < end:
             pass
         return numpy.full(4, i, numpy.float32)
+
+
+class LoggedLoads:
+    """Example i is i; each load of it, in a worker too, appends i to the
+    file ``log`` (one O_APPEND write of 4 bytes: ``logged_loads`` reads
+    them back).  Example ``gated`` waits (with a deadline) until the file
+    ``release`` exists."""
+
+    def __init__(self, n, log, gated=None, release=None):
+        self.n, self.log, self.gated, self.release = n, log, gated, release
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, numpy.int32(i).tobytes())
+        finally:
+            os.close(fd)
+        if i == self.gated:
+            assert wait_for_file(self.release, 60), 'never released'
+        return i
+
+
+def logged_loads(log):
+    """The examples ``LoggedLoads`` loaded, in the order they were."""
+    return numpy.fromfile(log, dtype=numpy.int32)
+
+
+def wait_until_blocked_in(thread, function_name, path_end, timeout):
+    """Wait (with a deadline) until the innermost Python frame of
+    ``thread`` is a function of that name in a file whose path ends with
+    ``path_end``, at the same instruction at two looks 10 ms apart: it
+    blocks in a call there."""
+    import sys
+    import threading
+    import time
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    seen = None
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        at = None
+        if frame is not None and frame.f_code.co_name == function_name \
+                and frame.f_code.co_filename.endswith(path_end):
+            at = (frame.f_code, frame.f_lasti)
+        if at is not None and at == seen:
+            return True
+        seen = at
+        pause.wait(0.01)
+    return False

@@ -151,6 +151,69 @@ def test_interrupts_inside_next_lose_no_batch(kind, signame):
     assert mapped_buffers() == buffers          # no mapping, no descriptor
 
 
+@pytest.mark.parametrize('grouped', [False, True], ids=['batches', 'groups'])
+def test_a_ctrl_c_while_next_waits_keeps_the_batches_loaded_ahead(
+        method, grouped, tmp_path):
+    """A Ctrl-C while next() waits for a slow batch (where a user's
+    lands most often) leaves the batches in flight and loaded ahead as
+    they are: the next call waits for the same batch, and no example is
+    loaded twice.  Example ``gated`` waits until the test releases it,
+    after the Ctrl-C, so that the worker loading it is still at it."""
+    n, size = 200, 4
+    gated = 20 * size     # the first example of batch 20
+    log, release = str(tmp_path / 'loads'), str(tmp_path / 'release')
+    dataset = helpers.LoggedLoads(n, log, gated, release)
+    if grouped:     # in groups of four batches from the third on
+        make = functools.partial(_Grouped, converter=concat_examples)
+    else:
+        make = functools.partial(MultiprocessIterator, n_prefetch=6)
+    main = threading.main_thread()
+    go = threading.Event()
+    sent = []
+
+    def loaded_ahead():
+        # An example of the batches after the gated one is loaded.
+        return (helpers.logged_loads(log) >= gated + size).any()
+
+    def interrupt():
+        # Once next() blocks in the pool's wait for the gated batch, and
+        # a worker has loaded beyond it.
+        pause = threading.Event()
+        deadline = time.monotonic() + 60
+        while not loaded_ahead() and time.monotonic() < deadline:
+            pause.wait(0.005)
+        if go.wait(60) and helpers.wait_until_blocked_in(
+                main, 'wait', os.path.join('multiprocess', 'pool.py'), 60):
+            sent.append(True)
+            signal.pthread_kill(main.ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with make(dataset, size, repeat=False, shuffle=False,
+                  n_processes=2, start_method=method) as it:
+            got = [next(it) for _ in range(gated // size)]
+            firing = threading.Thread(target=interrupt, daemon=True)
+            firing.start()
+            go.set()
+            with pytest.raises(KeyboardInterrupt):
+                next(it)
+            firing.join(60)
+            assert sent and loaded_ahead()
+            with open(release, 'w'):
+                pass
+            got += list(it)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    want = list(SerialIterator(list(range(n)), size, repeat=False,
+                               shuffle=False))
+    if grouped:
+        want = [concat_examples(batch) for batch in want]
+    assert [fingerprint(b) for b in got] == [fingerprint(b) for b in want]
+    # Each example loaded once: nothing in flight was loaded again.
+    loads = numpy.bincount(helpers.logged_loads(log), minlength=n)
+    assert loads.tolist() == [1] * n, numpy.flatnonzero(loads != 1)
+
+
 def test_an_interrupt_waits_for_the_end_of_an_uninterrupted_block():
     """Whichever thread the kernel gives the signal to (here another
     thread sends it to the process), the handler runs after the block, in

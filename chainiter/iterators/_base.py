@@ -325,6 +325,13 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         """Forget every dispatched batch (a transport may cancel them)."""
         self._pending.clear()
 
+    def _interrupted_waiting(self):
+        """Whether the exception going up from ``next()`` came while it
+        waited for its batch and had changed nothing: the batches
+        dispatched ahead are then kept, as they are, for the next call.
+        Asked once per exception."""
+        return False
+
     def _load_batch(self, step):
         return _context.load_examples(self.dataset, step.indices,
                                       self._pass_seed, step.spans, [])
@@ -457,11 +464,15 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             self._busy = False
             raise
         except BaseException as e:
-            # First, and with no call in between (where Python would run
-            # the handler of a second Ctrl-C): the batches dispatched
-            # ahead are stale until the rewind below has run, and the
-            # next call rewinds if it was cut short.
-            self._stale = True
+            # First: the batches dispatched ahead are stale until the
+            # rewind below has run (the next call rewinds if it was cut
+            # short), unless the exception came while the call waited
+            # for its batch (a Ctrl-C there is the most common): they
+            # are then as they were.  A second signal before _busy is
+            # cleared has the next call rewind (it finds its own id).
+            intact = self._interrupted_waiting()
+            if not intact:
+                self._stale = True
             self._busy = False
             if isinstance(e, IteratorFinalizedError):
                 raise
@@ -470,8 +481,10 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     '{} was finalized while next() waited for a '
                     'batch'.format(type(self).__name__)) from e
             # The state stays where it was (any exception, KeyboardInterrupt
-            # included); the batches dispatched ahead are loaded again.
-            self._rewind()
+            # included); the batches dispatched ahead are loaded again,
+            # unless intact: then the next call waits for the same batch.
+            if not intact:
+                self._rewind()
             raise
         # Nothing between here and the return lets a signal handler run, so
         # a KeyboardInterrupt cannot consume the batch without delivering it.

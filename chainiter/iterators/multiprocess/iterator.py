@@ -508,6 +508,15 @@ class MultiprocessIterator(DatasetIterator):
             self._pool.new_generation()
         super()._drop_pending()
 
+    def _interrupted_waiting(self):
+        # Waiting in Pool.wait for the batch of the first pending handle,
+        # nothing taken: every batch (or group) dispatched is in flight
+        # or ready, or was taken ahead and is held by its group
+        # (``_take_ahead``).  What the call did before it waited (sent
+        # batches, posted groups, tuned the depth) it did whole.
+        pool = self._pool
+        return pool is not None and pool.interrupted_waiting()
+
     def _collect(self, handle):
         if not self._tuned and self._pool.slots.layout is not None:
             # A Ctrl-C cut the first batch short after its buffers were

@@ -40,6 +40,10 @@ from chainiter.iterators.multiprocess.worker_handle import Worker
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
 _CLOSED = object()
 
+# ``ready.get``'s first argument: block.
+_BLOCK = (True,)
+
+
 class Pool:
     """It holds no reference to the iterator, so that garbage collection of
     the iterator finalizes the pool."""
@@ -53,8 +57,13 @@ class Pool:
         # In flight, the one the user holds, and one being handed out.
         self.slots = slots
         self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
-        # What ``take`` got from the ready queue and left for ``wait``.
-        self._peeked = None
+        # What ``wait`` or ``take`` got from the ready queue and has not
+        # handed out or dropped yet (one item at most).
+        self._box = collections.deque()
+        # True while ``wait`` blocks with nothing taken from the ready
+        # queue: an exception raised there (a Ctrl-C) leaves every batch
+        # in flight or ready where it was (``interrupted_waiting``).
+        self.waiting = False
         self.workers = {}        # key -> Worker
         self.gone = []           # exited workers whose sockets may close
         self.events = []         # warnings to raise in the main thread
@@ -291,19 +300,27 @@ class Pool:
         """The finished ``Batch`` of ``handle``; warns every ``timeout``
         seconds while waiting."""
         generation, seq = handle
-        waited = self._peeked is None and self.ready.empty()
+        box = self._box
+        waited = not box and self.ready.empty()
         while True:
             self.raise_events()
-            batch, self._peeked = self._peeked, None
-            if batch is None:
+            if not box:
+                # What the ready queue gives goes into the box within
+                # C calls (map calls get, extend appends what it
+                # returns), where no signal handler runs: a Ctrl-C
+                # raised by get takes nothing, and once get has taken
+                # an item, no Ctrl-C can drop it on its way.
+                self.waiting = True
                 try:
-                    batch = self.ready.get(
-                        timeout=timeout if timeout else receiver.POLL_S)
+                    box.extend(map(self.ready.get, _BLOCK, (
+                        timeout if timeout else receiver.POLL_S,)))
                 except queue.Empty:
                     # Handled outside the except block: a Ctrl-C landing
                     # in the handling would print queue.Empty's traceback
                     # too.
-                    batch = None
+                    pass
+                self.waiting = False
+            batch = box.popleft() if box else None
             if batch is None:
                 if timeout:
                     warnings.warn(
@@ -335,7 +352,14 @@ class Pool:
 
     def n_ready(self):
         """The finished batches that wait in order for ``wait``."""
-        return self.ready.qsize() + (self._peeked is not None)
+        return self.ready.qsize() + len(self._box)
+
+    def interrupted_waiting(self):
+        """Whether the exception going up from ``wait`` (a Ctrl-C) came
+        while it blocked with nothing taken: every batch in flight or
+        ready is then where it was, for the next ``wait``.  Asked once."""
+        waiting, self.waiting = self.waiting, False
+        return waiting
 
     def take(self, handle):
         """The finished batch of ``handle`` when it is the next ready and
@@ -345,16 +369,17 @@ class Pool:
         its bookkeeping over the ``next()`` calls."""
         if self.closed:
             return None
-        batch = self._peeked
-        if batch is None:
+        box = self._box
+        if not box:
             try:
-                batch = self._peeked = self.ready.get_nowait()
+                box.append(self.ready.get_nowait())
             except queue.Empty:
                 return None
+        batch = box[0]
         if type(batch) is not Batch or batch.prepared is None or \
                 batch.seq != handle[1] or batch.generation != handle[0]:
             return None
-        self._peeked = None
+        box.clear()
         self.receiver.consumed()
         self.book.handed_out(False, time.perf_counter(), len(batch.step))
         return batch
@@ -394,6 +419,7 @@ class Pool:
             self.posted.clear()
             self.book.new_generation()
             self._drop_ready()
+            self.waiting = False
         self.receiver.want()
 
     def _drop_ready(self):
@@ -401,9 +427,8 @@ class Pool:
         generations now): those read ahead hold their slots while they
         are referenced.  What else waits there (an error, ``_CLOSED``)
         stays."""
-        kept = [] if self._peeked is None or type(self._peeked) is Batch \
-            else [self._peeked]
-        self._peeked = None
+        kept = [item for item in self._box if type(item) is not Batch]
+        self._box.clear()
         while True:
             try:
                 item = self.ready.get_nowait()
@@ -560,7 +585,7 @@ class Pool:
                 self.receiver.stop()
             # Batches read ahead view their slots: drop them, so that the
             # slots are unmapped now (and _CLOSED goes back for any waiter).
-            self._peeked = None
+            self._box.clear()
             while True:
                 try:
                     self.ready.get_nowait()
