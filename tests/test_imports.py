@@ -42,6 +42,42 @@ def test_distributed_imports_no_mpi4py():
     assert importers == ['_mpi.py']
 
 
+def test_numpy_and_cupy_devices_import_no_torch():
+    # torch is imported by chainiter.backends.torch alone, and only when a
+    # '@torch' device is used.
+    code = (
+        'import sys, numpy, chainiter\n'
+        'from chainiter.backends._device import parse_device\n'
+        'x = numpy.arange(6).reshape(3, 2)\n'
+        'chainiter.to_device("@numpy", {"x": (x, [x])})\n'
+        'chainiter.concat_examples([(x, 1), (x, 2)], device=-1)\n'
+        'it = chainiter.DevicePrefetcher(chainiter.SerialIterator(\n'
+        '    [x] * 4, 2), "@numpy")\n'
+        'next(it)\n'
+        'parse_device("@cupy:1"), parse_device("@torch:cuda:1")\n'
+        'try:\n'
+        '    chainiter.to_device("@cupy:0", x)\n'
+        'except Exception:\n'
+        '    pass\n'
+        'print("torch" in sys.modules)\n')
+    out = subprocess.run([sys.executable, '-c', code], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == 'False'
+    # (chainiter.bench, run by hand, compares with torch's DataLoader.)
+    root = os.path.dirname(chainiter.__file__)
+    importers = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith('.py') and \
+                    os.path.relpath(folder, root).split(os.sep)[0] != 'bench':
+                with open(os.path.join(folder, name)) as f:
+                    if re.search(r'^\s*(from|import) torch\b', f.read(),
+                                 re.MULTILINE):
+                        importers.append(os.path.relpath(
+                            os.path.join(folder, name), root))
+    assert importers == [os.path.join('backends', 'torch.py')]
+
+
 def test_errors_hierarchy_and_exports():
     assert issubclass(chainiter.IteratorFinalizedError, RuntimeError)
     assert issubclass(chainiter.WorkerDiedError, RuntimeError)

@@ -1,1 +1,2 @@
-"""Where arrays live: the host (numpy) or a GPU (cupy, optional)."""
+"""Where arrays live: the host (numpy), a GPU (cupy, optional) or torch
+tensors (torch, optional)."""

@@ -33,8 +33,9 @@ import weakref
 import numpy
 
 from chainiter.backends import cuda
-from chainiter.backends._device import parse_device
-from chainiter.dataset.convert import Converter, concat_examples
+from chainiter.backends import torch as torch_backend
+from chainiter.backends._device import TorchDevice, parse_device
+from chainiter.dataset.convert import Converter, concat_examples, to_device
 from chainiter.errors import SharedMemoryWarning
 
 STAGING_BUFFERS = 4     # batches whose staged copy may be in flight at once
@@ -305,13 +306,72 @@ class AsyncTransfer:
         return ticket.batch
 
 
+class TorchTransfer:
+    """``AsyncTransfer`` for ``'@torch:cuda:N'``: each batch is packed into
+    page-locked memory from torch's caching host allocator (which keeps it
+    until the copy has run) and copied on a side stream; the compute stream
+    waits for that copy when the batch is handed out, and the tensors are
+    marked as used on it (``record_stream``), so that torch does not give
+    their memory to the side stream while that compute runs.  The host
+    batch is not read after ``issue``."""
+
+    def __init__(self, index, stream=None):
+        self.device = TorchDevice(index)
+        torch_backend.check_available(index)
+        self.stream = stream or torch_backend.new_stream(index)
+        self.copies = {'direct': 0, 'staged': 0}     # arrays, by path
+
+    def issue(self, host_batch):
+        with torch_backend.on_stream(self.stream):
+            batch = to_device(self.device, host_batch)
+            copied = self.stream.record_event()
+        self.copies['staged'] += len(_tensors(batch, []))
+        return Ticket(batch, copied, None)
+
+    def drop_copied(self):
+        pass
+
+    def hand_out(self, ticket):
+        compute = torch_backend.current_stream(self.device.index)
+        compute.wait_event(ticket.copied)
+        for tensor in _tensors(ticket.batch, []):
+            tensor.record_stream(compute)
+        return ticket.batch
+
+    def close(self):
+        self.stream.synchronize()
+
+
+def _tensors(tree, found):
+    """Append the torch tensors of ``tree`` to ``found``, in order."""
+    if isinstance(tree, (tuple, list)):
+        for x in tree:
+            _tensors(x, found)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            _tensors(x, found)
+    elif torch_backend.is_tensor(tree):
+        found.append(tree)
+    return found
+
+
+def transfer_for(device_id, stream=None):
+    """The asynchronous transfer to ``device_id`` (a GPU id, or a
+    ``TorchDevice`` on a GPU)."""
+    if isinstance(device_id, TorchDevice):
+        return TorchTransfer(device_id.index, stream)
+    return AsyncTransfer(device_id, stream)
+
+
 class ConcatWithAsyncTransfer(Converter):
     """Chainer's ``ConcatWithAsyncTransfer``: ``concat_examples`` whose copy
     to the GPU runs on a side stream through page-locked memory, so that it
     overlaps with the kernels still running on the previous batch.
 
-    On the host (``device`` None, -1 or ``'@numpy'``) it is
-    ``concat_examples``.  Usable as ``converter(batch, device)``.
+    On the host (``device`` None, -1 or ``'@numpy'``) and for
+    ``'@torch'`` it is ``concat_examples``; ``'@torch:cuda:N'`` copies on
+    a torch side stream (``TorchTransfer``).  Usable as
+    ``converter(batch, device)``.
     """
 
     def __init__(self, stream=None):
@@ -321,12 +381,14 @@ class ConcatWithAsyncTransfer(Converter):
     def transfer_for(self, device_id):
         transfer = self._transfers.get(device_id)
         if transfer is None:
-            transfer = self._transfers[device_id] = AsyncTransfer(
+            transfer = self._transfers[device_id] = transfer_for(
                 device_id, self._stream)
         return transfer
 
     def __call__(self, batch, device=None, padding=None):
         device_id = parse_device(device)
+        if device_id == TorchDevice(None):
+            return concat_examples(batch, device, padding=padding)
         host = concat_examples(batch, padding=padding)
         if device_id is None:
             return host

@@ -10,7 +10,8 @@ import functools
 import numpy
 
 from chainiter.backends import cuda
-from chainiter.backends._device import parse_device
+from chainiter.backends import torch as torch_backend
+from chainiter.backends._device import TorchDevice, parse_device
 
 
 def to_device(device, x):
@@ -18,31 +19,51 @@ def to_device(device, x):
 
     As in Chainer, ``device`` None leaves the arrays where they are; -1 or
     ``'@numpy'`` is the host; an int GPU id, ``'@cupy:N'`` or a cupy
-    ``Device`` is a GPU (needs the ``cuda`` extra).  Non-array leaves (None,
+    ``Device`` is a GPU (needs the ``cuda`` extra).  ``'@torch'`` gives
+    torch CPU tensors that share the arrays' memory (a copy only where
+    torch cannot view an array: read-only, negative strides, a foreign byte
+    order) and ``'@torch:cuda:N'`` torch tensors on CUDA GPU N (copied
+    through page-locked memory); torch tensors come back to the host as
+    numpy arrays with -1 or ``'@numpy'``.  Non-array leaves (None,
     numbers, strings) are returned as they are.
     """
     return _send(_destination(device), x)
 
 
 def _destination(device):
-    """None (leave arrays where they are), -1 (the host) or a GPU id."""
+    """None (leave arrays where they are), -1 (the host), a GPU id or a
+    ``TorchDevice``."""
     if device is None:
         return None
     device_id = parse_device(device)
     if device_id is None:
         return -1
-    cuda.check_available(device_id)
+    if isinstance(device_id, TorchDevice):
+        torch_backend.check_available(device_id.index)
+    else:
+        cuda.check_available(device_id)
     return device_id
 
 
-def _send(destination, x):
+def _send(destination, x, what=''):
+    """``x`` sent to ``destination``; ``what`` names ``x`` in errors."""
     if destination is None:
         return x
     if isinstance(x, (list, tuple)):
-        return type(x)(_send(destination, item) for item in x)
+        return type(x)(_send(destination, item, what) for item in x)
     if isinstance(x, dict):
-        return {key: _send(destination, value) for key, value in x.items()}
+        return {key: _send(destination, value, what)
+                for key, value in x.items()}
+    if isinstance(destination, TorchDevice):
+        if not (isinstance(x, numpy.ndarray) or cuda.is_gpu_array(x)
+                or torch_backend.is_tensor(x)):
+            return x
+        if destination.index is None:
+            return torch_backend.to_cpu_tensor(x, what)
+        return torch_backend.to_cuda_tensor(x, destination.index, what)
     if destination == -1:
+        if torch_backend.is_tensor(x):
+            return torch_backend.to_numpy(x)
         return cuda.to_cpu(x) if cuda.is_gpu_array(x) else x
     if isinstance(x, numpy.ndarray) or cuda.is_gpu_array(x):
         return cuda.to_gpu(x, destination)
@@ -104,14 +125,15 @@ def concat_examples(batch, device=None, padding=None):
                     len(padding), len(first)))
         return tuple(
             _send(destination, _concat([example[i] for example in batch],
-                                     padding[i], 'field {}'.format(i)))
+                                       padding[i], 'field {}'.format(i)),
+                  'field {}'.format(i))
             for i in range(len(first)))
     if isinstance(first, dict):
         if not isinstance(padding, dict):
             padding = {key: padding for key in first}
         return {key: _send(destination, _concat(
                     [example[key] for example in batch], padding.get(key),
-                    'key {!r}'.format(key)))
+                    'key {!r}'.format(key)), 'key {!r}'.format(key))
                 for key in first}
     return _send(destination, _concat(batch, padding, 'the examples'))
 

@@ -3,9 +3,10 @@
 import collections
 import copy
 
-from chainiter.backends._device import parse_device
-from chainiter.dataset.async_transfer import ConcatWithAsyncTransfer
-from chainiter.dataset.convert import concat_examples
+from chainiter.backends import torch as torch_backend
+from chainiter.backends._device import TorchDevice, parse_device
+from chainiter.dataset.async_transfer import transfer_for
+from chainiter.dataset.convert import concat_examples, to_device
 from chainiter.iterators._base import Iterator, _is_deserializer
 from chainiter.iterators._loop import EpochView
 
@@ -23,8 +24,10 @@ class DevicePrefetcher(Iterator):
             MultiprocessIterator.  With a MultiprocessIterator whose
             converter is ``concat_examples`` the copy reads its shared memory
             directly.
-        device: a GPU (int id, ``'@cupy:N'``, cupy ``Device``) or the host
-            (None, -1, ``'@numpy'``).
+        device: a GPU (int id, ``'@cupy:N'``, cupy ``Device``), the host
+            (None, -1, ``'@numpy'``), or torch tensors: ``'@torch'`` (CPU
+            tensors sharing the batch's memory, shared memory included)
+            or ``'@torch:cuda:N'`` (copied on a torch side stream).
         depth (int): batches converted ahead of the one handed out.
         converter: turns a list of examples into arrays on the host
             (default ``concat_examples``); not applied to batches the
@@ -49,9 +52,10 @@ class DevicePrefetcher(Iterator):
         self._device_id = parse_device(device)
         self.converter = converter or concat_examples
         self._transfer = None
-        if self._device_id is not None:
-            self._transfer = ConcatWithAsyncTransfer().transfer_for(
-                self._device_id)
+        if self._device_id == TorchDevice(None):
+            torch_backend.check_available(None)
+        elif self._device_id is not None:
+            self._transfer = transfer_for(self._device_id)
         self._ahead = collections.deque()   # (attributes, state, ticket)
         self._current = None
         self._exhausted = False
@@ -60,7 +64,8 @@ class DevicePrefetcher(Iterator):
     def copies(self):
         """How many arrays were copied to the GPU straight from
         MultiprocessIterator's shared memory (``'direct'``) and through a
-        page-locked staging buffer (``'staged'``); None on the host."""
+        page-locked staging buffer (``'staged'``); None on the host and
+        for ``'@torch'``."""
         return None if self._transfer is None else dict(self._transfer.copies)
 
     # ---- the protocol ----------------------------------------------------
@@ -100,8 +105,12 @@ class DevicePrefetcher(Iterator):
                 return
             if getattr(self.iterator, 'converter', None) is None:
                 batch = self.converter(batch)
-            ticket = batch if self._transfer is None else \
-                self._transfer.issue(batch)
+            if self._transfer is not None:
+                ticket = self._transfer.issue(batch)
+            elif self._device_id == TorchDevice(None):
+                ticket = to_device(self.device, batch)
+            else:
+                ticket = batch
             self._ahead.append(self._where() + (ticket,))
 
     def _where(self):
