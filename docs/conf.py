@@ -41,10 +41,19 @@ autodoc_typehints = 'signature'
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
+# Each document's examples run in a scratch directory of their own, where
+# they may write snapshots.
 doctest_global_setup = '''
-import numpy
-import chainiter
-from chainiter.datasets import TupleDataset
+import os as _os
+import shutil as _shutil
+import tempfile as _tempfile
+_cwd = _os.getcwd()
+_scratch = _tempfile.mkdtemp(prefix='chainiter-doctest-')
+_os.chdir(_scratch)
+'''
+doctest_global_cleanup = '''
+_os.chdir(_cwd)
+_shutil.rmtree(_scratch)
 '''
 
 # The modules whose public names the API reference must cover.

@@ -1,0 +1,24 @@
+"""Datasets for the documentation's examples.
+
+They live in a module (docs/conf.py puts this folder on ``sys.path``) so
+that workers started by spawn or forkserver can import them by name.
+"""
+
+import numpy
+
+import chainiter
+
+
+class NoisyImages:
+    """``n`` images of 4 values, each with noise drawn from
+    ``chainiter.example_rng()``: the same noise after a resume."""
+
+    def __init__(self, n):
+        self.images = numpy.arange(n * 4, dtype=numpy.float32).reshape(n, 4)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        noise = chainiter.example_rng().normal(size=4).astype(numpy.float32)
+        return self.images[i] + noise, i % 10
