@@ -22,3 +22,22 @@ class NoisyImages:
     def __getitem__(self, i):
         noise = chainiter.example_rng().normal(size=4).astype(numpy.float32)
         return self.images[i] + noise, i % 10
+
+
+class Squares:
+    """``(x, x * x)`` for ``x`` in ``0 ... n - 1``, with a batch method
+    that computes a whole chunk with one numpy call."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = numpy.float32(i)
+        return x, x * x
+
+    def get_examples(self, indices):
+        x = numpy.asarray(indices, dtype=numpy.float32)
+        return list(zip(x, x * x))
