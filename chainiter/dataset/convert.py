@@ -190,7 +190,9 @@ class _FunctionConverter(Converter):
 
 
 def converter():
-    """Decorator that turns ``f(batch, device)`` into a ``Converter``::
+    """Decorator that turns ``f(batch, device)`` into a ``Converter``.
+
+    Use it as::
 
         @chainiter.converter()
         def my_converter(batch, device):

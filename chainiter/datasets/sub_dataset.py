@@ -75,7 +75,7 @@ class SubDataset(DatasetMixin):
 
 def split_dataset(dataset, split_at, order=None):
     """Split into ``dataset[:split_at]`` and ``dataset[split_at:]`` (through
-    ``order`` if given), as two ``SubDataset``s."""
+    ``order`` if given), as two ``SubDataset`` objects."""
     n = len(dataset)
     if not isinstance(split_at, (int, numpy.integer)):
         raise TypeError('split_at must be an int, got {!r}'.format(split_at))
@@ -86,7 +86,7 @@ def split_dataset(dataset, split_at, order=None):
 
 
 def split_dataset_random(dataset, first_size, seed=None):
-    """Split into two ``SubDataset``s of ``first_size`` and the rest,
+    """Split into two ``SubDataset`` objects of ``first_size`` and the rest,
     through a random permutation (``numpy.random.RandomState(seed)``)."""
     order = numpy.random.RandomState(seed).permutation(len(dataset))
     return split_dataset(dataset, first_size, order)
@@ -101,10 +101,10 @@ def _check_parts(n, what):
 
 
 def split_dataset_n(dataset, n, order=None):
-    """Split into ``n`` ``SubDataset``s of ``len(dataset) // n`` examples
-    each: part ``i`` holds positions ``i * size ... (i + 1) * size - 1``
-    (through ``order`` if given).  As in Chainer, the last
-    ``len(dataset) % n`` examples belong to no part."""
+    """Split into ``n`` ``SubDataset`` objects of ``len(dataset) // n``
+    examples each: part ``i`` holds positions
+    ``i * size ... (i + 1) * size - 1`` (through ``order`` if given).  As
+    in Chainer, the last ``len(dataset) % n`` examples belong to no part."""
     n = _check_parts(n, 'n')
     size = len(dataset) // n
     return [SubDataset(dataset, i * size, (i + 1) * size, order)
@@ -131,7 +131,7 @@ def _n_folds(n_folds, kwargs):
 
 def get_cross_validation_datasets(dataset, n_folds=None, order=None,
                                   **kwargs):
-    """``n_folds`` (train, test) pairs of ``SubDataset``s for cross
+    """``n_folds`` (train, test) pairs of ``SubDataset`` objects for cross
     validation, as Chainer makes them: the test parts are disjoint, cover
     the dataset and differ in length by at most one; each train part is
     the rest.  ``order`` permutes the indices first."""

@@ -119,7 +119,7 @@ class InputStats:
 
     @property
     def stats(self):
-        """How the loop went, as a dict (see README, "Reading the stats"):
+        """How the loop went, as a dict (see docs/tuning.rst):
         ``batches`` and ``examples`` handed out; ``first_batch_s``, the
         seconds of the first ``next()``; over the window after it:
         ``wait_s`` (seconds inside ``next()``), ``wait_mean_s`` (per
