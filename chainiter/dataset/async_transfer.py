@@ -29,6 +29,7 @@ import os
 import threading
 import warnings
 import weakref
+from typing import Any, Dict
 
 import numpy
 
@@ -90,7 +91,8 @@ def shared_region(array):
 # be copied through the stale one), and nothing stays page-locked after
 # finalize().
 
-_pins = {}          # SharedBuffer -> streams that copied from it, or None
+# SharedBuffer -> streams that copied from it, or None
+_pins: Dict[Any, Any] = {}
 # Re-entrant: garbage collection while it is held may finalize an iterator,
 # whose release() unpins on the same thread.
 _pins_lock = threading.RLock()

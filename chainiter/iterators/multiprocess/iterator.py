@@ -128,7 +128,7 @@ def _metas(batch):
 class _Member(typing.NamedTuple):
     """The handle of a batch in a group."""
     group: _Group
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index
 
 
 def _rows(stacked, a, b):

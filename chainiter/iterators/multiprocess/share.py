@@ -83,6 +83,7 @@ import os
 import pickle
 import threading
 import weakref
+from typing import Any, Dict
 from multiprocessing import reduction
 
 import numpy
@@ -107,7 +108,7 @@ ALIGN_BYTES = 64
 try:
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:         # numpy < 2.0
-    _byte_bounds = numpy.byte_bounds
+    _byte_bounds = numpy.byte_bounds  # type: ignore[attr-defined]
 
 
 #: Where an array lies in block ``block``, and how to view it.
@@ -173,7 +174,7 @@ LentPlace = collections.namedtuple(
 
 # The mappings of shared_empty's arrays: id(mmap) -> (weakref of the mmap,
 # its descriptor, its size).  The descriptor is closed with the mapping.
-_lent = {}
+_lent: Dict[int, Any] = {}
 
 
 def _forget(key, fd):
