@@ -83,7 +83,7 @@ import os
 import pickle
 import threading
 import weakref
-from typing import Any, Dict
+from typing import Any, Dict, Literal, Sequence, Union
 from multiprocessing import reduction
 
 import numpy
@@ -182,7 +182,8 @@ def _forget(key, fd):
     os.close(fd)
 
 
-def shared_empty(shape, dtype=float, order='C'):
+def shared_empty(shape: Union[int, Sequence[int]], dtype: Any = float,
+                 order: Literal['C', 'F'] = 'C') -> numpy.ndarray:
     """A new array, as ``numpy.empty`` (its values are zeros), in shared
     memory.
 
@@ -209,7 +210,7 @@ def shared_empty(shape, dtype=float, order='C'):
     return numpy.ndarray(shape, dtype, buffer=mapping, order=order)
 
 
-def shared_copy(array):
+def shared_copy(array: Any) -> numpy.ndarray:
     """A copy of ``array`` in shared memory (see ``shared_empty``); drop
     the original to hold the data once."""
     array = numpy.asarray(array)
