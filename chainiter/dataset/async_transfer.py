@@ -376,9 +376,9 @@ class ConcatWithAsyncTransfer(Converter):
     ``converter(batch, device)``.
     """
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: Any = None) -> None:
         self._stream = stream
-        self._transfers = {}
+        self._transfers: Dict[Any, Any] = {}
 
     def transfer_for(self, device_id):
         transfer = self._transfers.get(device_id)
@@ -387,7 +387,8 @@ class ConcatWithAsyncTransfer(Converter):
                 device_id, self._stream)
         return transfer
 
-    def __call__(self, batch, device=None, padding=None):
+    def __call__(self, batch: Any, device: Any = None,
+                 padding: Any = None) -> Any:
         device_id = parse_device(device)
         if device_id == TorchDevice(None):
             return concat_examples(batch, device, padding=padding)

@@ -3,7 +3,7 @@
 import collections
 import copy
 from typing import (
-    Any, Callable, Deque, Dict, Mapping, Optional, Tuple, Union)
+    Any, Callable, Deque, Dict, Mapping, Optional, Tuple)
 
 from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
@@ -44,7 +44,7 @@ class DevicePrefetcher(Iterator):
     """
 
     def __init__(self, iterator: Any,
-                 device: Union[int, str, None] = None, depth: int = 2,
+                 device: Any = None, depth: int = 2,
                  converter: Optional[Callable[..., Any]] = None) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or \
                 depth < 0:
