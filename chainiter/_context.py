@@ -17,6 +17,9 @@ could not tell which example is meant).
 
 import threading
 import typing
+from typing import List, Optional
+
+import numpy
 
 from chainiter.iterators.order_samplers import example_generator
 
@@ -51,7 +54,7 @@ def _loading():
         return _local.loading
 
 
-def example_rng():
+def example_rng() -> numpy.random.Generator:
     """The ``numpy.random.Generator`` of the example being loaded.
 
     Call it inside ``dataset[i]`` (or a ``TransformDataset`` transform) while
@@ -83,7 +86,7 @@ def example_rng():
     return rng
 
 
-def example_rngs():
+def example_rngs() -> List[numpy.random.Generator]:
     """The ``numpy.random.Generator`` of each example being loaded, in the
     order of the indices: call it inside a batch method
     (``dataset.get_examples(indices)`` or ``__getitems__``); generator
@@ -101,7 +104,7 @@ def example_rngs():
             for position in range(start, stop)][:batch[2]]
 
 
-def get_worker_info():
+def get_worker_info() -> Optional[WorkerInfo]:
     """``WorkerInfo(id, num_workers, seed)`` inside a worker process of
     ``MultiprocessIterator``; ``None`` in the main process."""
     return _worker_info

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any, List
 
 try:
     import _signal as _sig     # signal's C module: no enum conversions
@@ -66,7 +67,7 @@ class uninterrupted:
     """
 
     __slots__ = ('_swapped',)
-    held = []           # the signals held back, in the order they came
+    held: List[Any] = []     # the signals held back, in the order they came
     # [(signum, handler)] swapped out, or about to be, while in a block:
     # a block opened meanwhile (by a handler that runs while the others
     # are swapped) is nested, and a child forked meanwhile restores them.

@@ -10,6 +10,7 @@ fix it.
 
 import sys
 import threading
+from typing import Dict
 
 import numpy
 
@@ -121,7 +122,7 @@ def alloc_pinned(nbytes):
 
 # Page-locked ranges of memory chainiter registered: address -> nbytes.
 # Registrations are process-wide (cudaHostRegisterPortable: every device).
-_registered = {}
+_registered: Dict[int, int] = {}
 _registered_lock = threading.RLock()
 _PORTABLE = 1
 

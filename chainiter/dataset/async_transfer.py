@@ -29,6 +29,7 @@ import os
 import threading
 import warnings
 import weakref
+from typing import Any, Dict
 
 import numpy
 
@@ -90,7 +91,8 @@ def shared_region(array):
 # be copied through the stale one), and nothing stays page-locked after
 # finalize().
 
-_pins = {}          # SharedBuffer -> streams that copied from it, or None
+# SharedBuffer -> streams that copied from it, or None
+_pins: Dict[Any, Any] = {}
 # Re-entrant: garbage collection while it is held may finalize an iterator,
 # whose release() unpins on the same thread.
 _pins_lock = threading.RLock()
@@ -374,9 +376,9 @@ class ConcatWithAsyncTransfer(Converter):
     ``converter(batch, device)``.
     """
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: Any = None) -> None:
         self._stream = stream
-        self._transfers = {}
+        self._transfers: Dict[Any, Any] = {}
 
     def transfer_for(self, device_id):
         transfer = self._transfers.get(device_id)
@@ -385,7 +387,8 @@ class ConcatWithAsyncTransfer(Converter):
                 device_id, self._stream)
         return transfer
 
-    def __call__(self, batch, device=None, padding=None):
+    def __call__(self, batch: Any, device: Any = None,
+                 padding: Any = None) -> Any:
         device_id = parse_device(device)
         if device_id == TorchDevice(None):
             return concat_examples(batch, device, padding=padding)

@@ -6,6 +6,7 @@ scalars) into one array; ``padding`` pads ragged fields to the largest shape.
 """
 
 import functools
+from typing import Any, Callable
 
 import numpy
 
@@ -14,7 +15,7 @@ from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
 
 
-def to_device(device, x):
+def to_device(device: Any, x: Any) -> Any:
     """Send ``x`` (an array, or tuples/lists/dicts of them) to ``device``.
 
     As in Chainer, ``device`` None leaves the arrays where they are; -1 or
@@ -95,7 +96,8 @@ def _check_structure(batch):
                     _describe(first), i, _describe(example)))
 
 
-def concat_examples(batch, device=None, padding=None):
+def concat_examples(batch: Any, device: Any = None,
+                    padding: Any = None) -> Any:
     """Stack a list of examples into arrays (Chainer's ``concat_examples``).
 
     Args:
@@ -175,7 +177,8 @@ def _concat_with_padding(xp, arrays, padding, what):
 class Converter:
     """Base class of converters: callables ``converter(batch, device=None)``."""
 
-    def __call__(self, batch, device=None):
+    def __call__(self, batch: Any,
+                 device: Any = None) -> Any:
         raise NotImplementedError
 
 
@@ -189,7 +192,7 @@ class _FunctionConverter(Converter):
         return self._func(batch, device)
 
 
-def converter():
+def converter() -> Callable[[Callable[..., Any]], Converter]:
     """Decorator that turns ``f(batch, device)`` into a ``Converter``.
 
     Use it as::

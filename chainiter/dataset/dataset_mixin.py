@@ -1,3 +1,5 @@
+from typing import Any
+
 import numpy
 
 
@@ -6,7 +8,7 @@ class DatasetMixin:
     ``get_example(i)``; indexing with an int, a slice, a list or an int
     array is provided."""
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return [self.get_example(i)
                     for i in range(*index.indices(len(self)))]
@@ -14,8 +16,8 @@ class DatasetMixin:
             return [self.get_example(int(i)) for i in index]
         return self.get_example(index)
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError
 
-    def get_example(self, i):
+    def get_example(self, i: int) -> Any:
         raise NotImplementedError

@@ -1,3 +1,5 @@
+from typing import Any, Callable, Optional
+
 from chainiter.datasets import _columns
 from chainiter.datasets.tuple_dataset import _is_batch_index, _length
 
@@ -8,7 +10,7 @@ class DictDataset:
     lists and tuples it has the batch method ``get_examples(indices)``, as
     ``TupleDataset`` has."""
 
-    def __init__(self, **datasets):
+    def __init__(self, **datasets: Any) -> None:
         if not datasets:
             raise ValueError('DictDataset needs at least one dataset')
         lengths = {key: _length(d, 'dataset {!r}'.format(key))
@@ -21,7 +23,7 @@ class DictDataset:
         self._length = next(iter(lengths.values()))
         self._batchable = _columns.batchable(datasets.values())
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Any:
         fields = {key: dataset[index]
                   for key, dataset in self._datasets.items()}
         if _is_batch_index(index):
@@ -30,11 +32,11 @@ class DictDataset:
                     for i in range(length)]
         return fields
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._length
 
     @property
-    def get_examples(self):
+    def get_examples(self) -> Optional[Callable[[Any], Any]]:
         """``get_examples(indices)``: a sequence of ``dataset[i]`` for each
         index; None when a dataset is not an array, list or tuple."""
         return self._get_examples if self._batchable else None

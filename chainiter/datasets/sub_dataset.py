@@ -1,4 +1,5 @@
 import warnings
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy
 
@@ -10,7 +11,8 @@ class SubDataset(DatasetMixin):
     """The examples ``start <= j < finish`` of ``dataset``, optionally
     through a permutation: example ``j`` is ``dataset[order[start + j]]``."""
 
-    def __init__(self, dataset, start, finish, order=None):
+    def __init__(self, dataset: Any, start: int, finish: int,
+                 order: Optional[Any] = None) -> None:
         if start < 0 or finish > len(dataset) or start > finish:
             raise ValueError(
                 'SubDataset range [{}, {}) does not fit a dataset of length '
@@ -25,10 +27,10 @@ class SubDataset(DatasetMixin):
         self._size = finish - start
         self._order = order
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._size
 
-    def get_example(self, i):
+    def get_example(self, i: int) -> Any:
         if i >= 0:
             if i >= self._size:
                 raise IndexError(
@@ -46,7 +48,7 @@ class SubDataset(DatasetMixin):
         return self._dataset[index]
 
     @property
-    def get_examples(self):
+    def get_examples(self) -> Optional[Callable[[Any], Any]]:
         """The batch method of the dataset underneath (``get_examples`` or
         ``__getitems__``), through this one's positions; None when it has
         none (so a ``split_dataset_random`` of a ``TupleDataset`` of arrays
@@ -73,7 +75,8 @@ class SubDataset(DatasetMixin):
         return _context.batch_method(self._dataset)(positions.tolist())
 
 
-def split_dataset(dataset, split_at, order=None):
+def split_dataset(dataset: Any, split_at: int, order: Optional[Any] = None
+                  ) -> Tuple[SubDataset, SubDataset]:
     """Split into ``dataset[:split_at]`` and ``dataset[split_at:]`` (through
     ``order`` if given), as two ``SubDataset`` objects."""
     n = len(dataset)
@@ -85,7 +88,9 @@ def split_dataset(dataset, split_at, order=None):
             SubDataset(dataset, split_at, n, order))
 
 
-def split_dataset_random(dataset, first_size, seed=None):
+def split_dataset_random(dataset: Any, first_size: int,
+                         seed: Optional[int] = None
+                         ) -> Tuple[SubDataset, SubDataset]:
     """Split into two ``SubDataset`` objects of ``first_size`` and the rest,
     through a random permutation (``numpy.random.RandomState(seed)``)."""
     order = numpy.random.RandomState(seed).permutation(len(dataset))
@@ -100,7 +105,8 @@ def _check_parts(n, what):
     return int(n)
 
 
-def split_dataset_n(dataset, n, order=None):
+def split_dataset_n(dataset: Any, n: int, order: Optional[Any] = None
+                    ) -> List[SubDataset]:
     """Split into ``n`` ``SubDataset`` objects of ``len(dataset) // n``
     examples each: part ``i`` holds positions
     ``i * size ... (i + 1) * size - 1`` (through ``order`` if given).  As
@@ -111,7 +117,8 @@ def split_dataset_n(dataset, n, order=None):
             for i in range(n)]
 
 
-def split_dataset_n_random(dataset, n, seed=None):
+def split_dataset_n_random(dataset: Any, n: int, seed: Optional[int] = None
+                           ) -> List[SubDataset]:
     """``split_dataset_n`` through a random permutation
     (``numpy.random.RandomState(seed)``, as Chainer draws it)."""
     order = numpy.random.RandomState(seed).permutation(len(dataset))
@@ -129,8 +136,10 @@ def _n_folds(n_folds, kwargs):
     return _check_parts(n_folds, 'n_folds')
 
 
-def get_cross_validation_datasets(dataset, n_folds=None, order=None,
-                                  **kwargs):
+def get_cross_validation_datasets(
+        dataset: Any, n_folds: Optional[int] = None,
+        order: Optional[Any] = None, **kwargs: Any
+) -> List[Tuple[SubDataset, SubDataset]]:
     """``n_folds`` (train, test) pairs of ``SubDataset`` objects for cross
     validation, as Chainer makes them: the test parts are disjoint, cover
     the dataset and differ in length by at most one; each train part is
@@ -152,8 +161,10 @@ def get_cross_validation_datasets(dataset, n_folds=None, order=None,
     return splits
 
 
-def get_cross_validation_datasets_random(dataset, n_folds=None, seed=None,
-                                         **kwargs):
+def get_cross_validation_datasets_random(
+        dataset: Any, n_folds: Optional[int] = None,
+        seed: Optional[int] = None, **kwargs: Any
+) -> List[Tuple[SubDataset, SubDataset]]:
     """``get_cross_validation_datasets`` through a random permutation
     (``numpy.random.RandomState(seed)``)."""
     n_folds = _n_folds(n_folds, kwargs)

@@ -1,3 +1,5 @@
+from typing import Any, Callable
+
 from chainiter.dataset.dataset_mixin import DatasetMixin
 
 
@@ -6,12 +8,13 @@ class TransformDataset(DatasetMixin):
     (use ``chainiter.example_rng()`` inside ``transform`` for random
     augmentation that survives resume)."""
 
-    def __init__(self, dataset, transform):
+    def __init__(self, dataset: Any,
+                 transform: Callable[[Any], Any]) -> None:
         self._dataset = dataset
         self._transform = transform
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._dataset)
 
-    def get_example(self, i):
+    def get_example(self, i: int) -> Any:
         return self._transform(self._dataset[i])

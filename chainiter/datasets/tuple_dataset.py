@@ -1,3 +1,5 @@
+from typing import Any, Callable, Optional
+
 import numpy
 
 from chainiter.datasets import _columns
@@ -26,7 +28,7 @@ class TupleDataset:
     over anything else ``get_examples`` is None and the iterators load
     ``dataset[i]`` one by one (so ``example_rng()`` there works)."""
 
-    def __init__(self, *datasets):
+    def __init__(self, *datasets: Any) -> None:
         if not datasets:
             raise ValueError('TupleDataset needs at least one dataset')
         lengths = [_length(d, 'dataset {}'.format(i))
@@ -39,17 +41,17 @@ class TupleDataset:
         self._length = lengths[0]
         self._batchable = _columns.batchable(datasets)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Any:
         fields = [dataset[index] for dataset in self._datasets]
         if _is_batch_index(index):
             return list(zip(*fields))
         return tuple(fields)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._length
 
     @property
-    def get_examples(self):
+    def get_examples(self) -> Optional[Callable[[Any], Any]]:
         """``get_examples(indices)``: a sequence of ``dataset[i]`` for each
         index; None when a dataset is not an array, list or tuple."""
         return self._get_examples if self._batchable else None

@@ -1,11 +1,13 @@
 """The one module that imports mpi4py, lazily (extra ``mpi``): importing
 chainiter never starts MPI."""
 
+from typing import Any
+
 available = None
 import_error = None
 
 
-def world():
+def world() -> Any:
     """``mpi4py.MPI.COMM_WORLD``: imports mpi4py (which starts MPI) on the
     first call, with a message that says how to install it when missing."""
     global available, import_error

@@ -2,13 +2,16 @@
 dataset is sent to every rank, and each keeps a contiguous share of it
 (of its shuffled order with ``shuffle=True``)."""
 
+from typing import Any, List, Optional, Tuple
+
 import numpy
 
 from chainiter.datasets import SubDataset
 from chainiter.distributed import _comm
 
 
-def share_bounds(n_total, size, force_equal_length=True):
+def share_bounds(n_total: int, size: int, force_equal_length: bool = True
+                 ) -> List[Tuple[int, int]]:
     """``[(begin, end)]`` of each rank's share of ``n_total`` indices, as
     ChainerMN splits them.
 
@@ -31,7 +34,8 @@ def share_bounds(n_total, size, force_equal_length=True):
     return bounds
 
 
-def scatter_index(n_total_indices, comm, root=0, *, force_equal_length=True):
+def scatter_index(n_total_indices: int, comm: Any, root: int = 0, *,
+                  force_equal_length: bool = True) -> Tuple[int, int]:
     """``(begin, end)`` of this rank's share of ``range(n_total_indices)``
     (the root's number counts): ChainerMN's ``scatter_index``, for a dataset
     every rank can open itself.
@@ -62,9 +66,10 @@ def scatter_index(n_total_indices, comm, root=0, *, force_equal_length=True):
     return share_bounds(n, size, force_equal_length)[rank]
 
 
-def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None,
-                    max_buf_len=256 * 1024 * 1024, *,
-                    force_equal_length=True):
+def scatter_dataset(dataset: Any, comm: Any, root: int = 0,
+                    shuffle: bool = False, seed: Optional[int] = None,
+                    max_buf_len: int = 256 * 1024 * 1024, *,
+                    force_equal_length: bool = True) -> SubDataset:
     """Send rank ``root``'s dataset to every rank; return this rank's share
     as a ``SubDataset`` (ChainerMN's ``scatter_dataset``).
 

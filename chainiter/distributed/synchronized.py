@@ -1,13 +1,18 @@
 """ChainerMN's ``create_synchronized_iterator``: the same batches on every
 rank (model parallelism: every rank must see the same examples)."""
 
+from typing import Any, TypeVar
+
 import numpy
 
 from chainiter.distributed import _comm
 from chainiter.iterators import order_samplers
 
 
-def create_synchronized_iterator(actual_iterator, comm):
+_It = TypeVar('_It')
+
+
+def create_synchronized_iterator(actual_iterator: _It, comm: Any) -> _It:
     """Make ``actual_iterator`` give the same batches on every rank of
     ``comm``; returns it.
 
@@ -38,5 +43,5 @@ def create_synchronized_iterator(actual_iterator, comm):
     if restart is not None:
         restart(seed)
     else:
-        actual_iterator.reset()
+        actual_iterator.reset()  # type: ignore[attr-defined]
     return actual_iterator

@@ -20,6 +20,8 @@ import collections
 import copy
 import threading
 import time
+from typing import (
+    Any, Callable, Deque, Dict, Mapping, Optional, Tuple, TypeVar, Union)
 
 import numpy
 
@@ -45,6 +47,9 @@ from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 #: versions ignore).
 SNAPSHOT_FORMAT_VERSION = 3
 
+_Self = TypeVar('_Self', bound='Iterator')
+_SelfD = TypeVar('_SelfD', bound='DatasetIterator')
+
 
 class _Root:
     """The base of ``Iterator``: an empty class that Chainer's own Iterator
@@ -56,25 +61,26 @@ class _Root:
 class Iterator(_Root):
     """Chainer's iterator protocol: ``next()``, ``finalize()``, ``serialize``."""
 
-    def __iter__(self):
+    def __iter__(self: _Self) -> _Self:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         raise NotImplementedError
 
-    def next(self):
+    def next(self) -> Any:
         return self.__next__()
 
-    def finalize(self):
+    def finalize(self) -> None:
         """Release the resources of the iterator.  Idempotent."""
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, exc_type, exc_value, traceback):
+    def __exit__(self, exc_type: Any, exc_value: Any,
+                 traceback: Any) -> None:
         self.finalize()
 
-    def serialize(self, serializer):
+    def serialize(self, serializer: Any) -> None:
         """Save or load the iterator's state (Chainer's protocol)."""
 
 
@@ -263,8 +269,12 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     #: snapshot, and whether it writes None (no shuffle) there too.
     _chainer_order = ('order', False)
 
-    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 order_sampler=None, seed=None, shard=None):
+    def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
+                 shuffle: Optional[bool] = None,
+                 order_sampler: Optional[Callable[[Any, int], Any]] = None,
+                 seed: Optional[int] = None,
+                 shard: Union[Tuple[int, int], str, Any, None] = None
+                 ) -> None:
         _chainer_compat.adopt_if_loaded()
         check_dataset(dataset)
         self.dataset = dataset
@@ -303,10 +313,11 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                 'never produce a batch; pass a non-empty dataset or '
                 'repeat=False')
         self._finalized = False
-        self._busy = False
+        self._busy: Union[bool, int] = False   # or the caller's thread id
         self._stale = False     # the pending batches need a rewind
-        self._pending = collections.deque()
-        self._orders = {}      # the last few seeded orders, by key
+        self._pending: Deque[Tuple[Any, Any]] = collections.deque()
+        # The last few seeded orders, by key.
+        self._orders: Dict[Any, Any] = {}
         self._state = self._initial_state()
         self._ahead = self._state
         self._timing = _stats.Timing()
@@ -424,7 +435,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     # ---- the protocol ----------------------------------------------------
 
-    def __next__(self):
+    def __next__(self) -> Any:
         started = time.perf_counter()   # for stats
         # One caller at a time: a second thread gets a clear error instead
         # of corrupting the state (the test and the set run with no
@@ -499,7 +510,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                 'ended); create a new iterator to go on'.format(
                     type(self).__name__))
 
-    def reset(self):
+    def reset(self) -> None:
         """Start a new pass at epoch 0 (allowed at any time).
 
         As in Chainer, the new pass has a new order: an order sampler is
@@ -526,32 +537,32 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._seed, self._resets, self._state, self._ahead = \
             seed, 0, state, state
 
-    def finalize(self):
+    def finalize(self) -> None:
         self._finalized = True
         self._drop_pending()
 
     @property
-    def repeat(self):
+    def repeat(self) -> bool:
         return self._repeat
 
     @property
-    def seed(self):
+    def seed(self) -> int:
         return self._seed
 
     @property
-    def shard(self):
+    def shard(self) -> Optional[_shard.Shard]:
         """``Shard(rank, size)`` of a sharded iterator, else None."""
         return self._shard
 
     @property
-    def global_batch_size(self):
+    def global_batch_size(self) -> int:
         """Examples per step over all ranks: ``size * batch_size`` when
         sharded, else ``batch_size``."""
         return self.batch_size * (1 if self._shard is None else
                                   self._shard.size)
 
     @property
-    def padding(self):
+    def padding(self) -> int:
         """How many of the last batch's rows repeat an example from the
         epoch's start to give every rank an equal share of the last, short
         global batch (sharded, ``repeat=False``); 0 otherwise."""
@@ -564,34 +575,34 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         return order_samplers.pass_seed(self._seed, self._resets)
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self._state.epoch
 
     @property
-    def current_position(self):
+    def current_position(self) -> int:
         return self._state.current_position
 
     @property
-    def is_new_epoch(self):
+    def is_new_epoch(self) -> bool:
         return self._state.is_new_epoch
 
     @property
-    def epoch_size(self):
+    def epoch_size(self) -> int:
         order = self._state.order
         return len(self.dataset) if order is None else len(order)
 
     @property
-    def epoch_detail(self):
+    def epoch_detail(self) -> float:
         return _state.epoch_detail(self._state, len(self.dataset))
 
     @property
-    def previous_epoch_detail(self):
+    def previous_epoch_detail(self) -> Optional[float]:
         value = self._state.previous_epoch_detail
         return None if value < 0 else value
 
     # ---- snapshots -------------------------------------------------------
 
-    def serialize(self, serializer):
+    def serialize(self, serializer: Any) -> None:
         if _is_deserializer(serializer):
             self._load_snapshot(serializer)
         else:
@@ -867,7 +878,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._start_transport()
         self._rewind()      # load on from the state, the sampler's too
 
-    def __copy__(self):
+    def __copy__(self: _SelfD) -> _SelfD:
         """An independent iterator at the same state, with its own
         transport; the dataset is shared.  An order sampler with state
         (a ``serialize`` method) is copied, as the copy restores that state;
@@ -879,13 +890,14 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         new.__setstate__(pickled)
         return new
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """The snapshot as a plain dict of Python scalars and numpy arrays."""
         serializer = DictionarySerializer()
         self.serialize(serializer)
         return {key: value.item() if value.ndim == 0 else value
                 for key, value in serializer.target.items()}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self,
+                        state_dict: Mapping[str, Any]) -> None:
         """Load a dict made by ``state_dict()``."""
         self._load_snapshot(NpzDeserializer(state_dict))

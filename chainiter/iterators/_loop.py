@@ -15,6 +15,8 @@ the batch on which ``is_new_epoch`` is True, so consecutive views hand out
 the same stream as ``next()`` and cover every example once per epoch.
 """
 
+from typing import Any
+
 
 def _step(iterator):
     """Examples an iterator's position moves by per batch: the global batch
@@ -37,7 +39,7 @@ class EpochView:
     snapshots are those of the batch just yielded.
     """
 
-    def __init__(self, iterator, drop_last=False):
+    def __init__(self, iterator: Any, drop_last: bool = False) -> None:
         self.iterator = iterator
         if not iterator.repeat and iterator.epoch > 0:
             iterator.reset()      # a finished pass: a new one, as iter(loader)
@@ -48,13 +50,13 @@ class EpochView:
         self._len = _batches(left, _step(iterator), self.drop_last)
         self._done = False
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._len
 
-    def __iter__(self):
+    def __iter__(self) -> 'EpochView':
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         it = self.iterator
         if self._done or it.epoch != self._epoch:
             self._done = True
@@ -78,7 +80,7 @@ class EpochView:
 class EpochLoop:
     """What ``DatasetIterator`` gets for the PyTorch-style loop."""
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches per epoch: ``ceil(epoch_size / batch_size)``, as
         DataLoader's ``len`` with ``drop_last=False``.
 
@@ -90,12 +92,13 @@ class EpochLoop:
         iterator counts its steps: ``ceil(epoch_size / global_batch_size)``,
         the same on every rank.
         """
-        return _batches(self.epoch_size, _step(self), False)
+        return _batches(self.epoch_size,  # type: ignore[attr-defined]
+                        _step(self), False)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True    # an iterator is true even for an empty dataset
 
-    def one_epoch(self, drop_last=False):
+    def one_epoch(self, drop_last: bool = False) -> EpochView:
         """The batches of the current epoch, for a PyTorch-style loop:
         ``for batch in it.one_epoch(): ...``.
 

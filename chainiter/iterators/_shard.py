@@ -37,6 +37,7 @@ continues with the examples at ``p, p + 1, ...`` of the uninterrupted run.
 
 import os
 import typing
+from typing import Mapping, Optional
 import warnings
 
 import numpy
@@ -128,7 +129,7 @@ def _slurm_batch_script(environ):
     return Shard(0, 1)
 
 
-def from_environment(environ=None):
+def from_environment(environ: Optional[Mapping[str, str]] = None) -> Shard:
     """``Shard(rank, size)`` from the launcher's environment variables
     (``LAUNCHER_VARIABLES``), or ``Shard(0, 1)`` where none is set (a plain
     ``python train.py``) or where Slurm's are those of a batch script, not

@@ -17,6 +17,7 @@ is ``judge``, a pure function of the figures.
 
 import math
 import time
+from typing import Any, Dict
 
 from chainiter._cpus import usable_cpus
 
@@ -99,6 +100,8 @@ class InputStats:
     """What ``DatasetIterator`` gets for ``stats``; transports add keys by
     overriding ``stats`` and the hooks."""
 
+    _timing: Timing
+
     def _count_batch(self, started, before, after):
         """Called by ``__next__`` for each batch handed out."""
         shard = getattr(self, '_shard', None)
@@ -118,7 +121,7 @@ class InputStats:
         return 0
 
     @property
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """How the loop went, as a dict (see docs/tuning.rst):
         ``batches`` and ``examples`` handed out; ``first_batch_s``, the
         seconds of the first ``next()``; over the window after it:
@@ -130,14 +133,15 @@ class InputStats:
         stats['ready'] = self._ready_batches()
         return stats
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         """Zero the counters; the timed window starts now (e.g. after a
         warm-up, or an evaluation that is not part of the loop)."""
         self._timing = Timing(time.perf_counter())
         self._stats_window_started()
 
 
-def diagnose(iterator, threshold=INPUT_BOUND_FRACTION):
+def diagnose(iterator: Any,
+             threshold: float = INPUT_BOUND_FRACTION) -> str:
     """One line: is the loop over ``iterator`` input-bound or
     compute-bound?  Read from ``iterator.stats``; call it after some
     batches (e.g. at the end of an epoch).

@@ -2,6 +2,8 @@
 
 import collections
 import copy
+from typing import (
+    Any, Callable, Deque, Dict, Mapping, Optional, Tuple)
 
 from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
@@ -41,7 +43,9 @@ class DevicePrefetcher(Iterator):
     included).
     """
 
-    def __init__(self, iterator, device=None, depth=2, converter=None):
+    def __init__(self, iterator: Any,
+                 device: Any = None, depth: int = 2,
+                 converter: Optional[Callable[..., Any]] = None) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or \
                 depth < 0:
             raise ValueError('depth must be an int >= 0, got {!r}'.format(
@@ -56,12 +60,13 @@ class DevicePrefetcher(Iterator):
             torch_backend.check_available(None)
         elif self._device_id is not None:
             self._transfer = transfer_for(self._device_id)
-        self._ahead = collections.deque()   # (attributes, state, ticket)
-        self._current = None
+        # (attributes, state, ticket)
+        self._ahead: Deque[Tuple[Any, Any, Any]] = collections.deque()
+        self._current: Optional[Tuple[Any, Any]] = None
         self._exhausted = False
 
     @property
-    def copies(self):
+    def copies(self) -> Optional[Dict[str, int]]:
         """How many arrays were copied to the GPU straight from
         MultiprocessIterator's shared memory (``'direct'``) and through a
         page-locked staging buffer (``'staged'``); None on the host and
@@ -70,17 +75,17 @@ class DevicePrefetcher(Iterator):
 
     # ---- the protocol ----------------------------------------------------
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.iterator)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True
 
-    def one_epoch(self, drop_last=False):
+    def one_epoch(self, drop_last: bool = False) -> EpochView:
         """As the wrapped iterator's ``one_epoch()``, through this one."""
         return EpochView(self, drop_last)
 
-    def __next__(self):
+    def __next__(self) -> Any:
         self._fill(self.depth + 1)
         if not self._ahead:
             # The wrapped iterator stopped: its attributes (Chainer updates
@@ -122,18 +127,18 @@ class DevicePrefetcher(Iterator):
         self._ahead.clear()
         self._exhausted = False
 
-    def reset(self):
+    def reset(self) -> None:
         self.iterator.reset()
         self._drop_ahead()
         self._current = None
 
-    def finalize(self):
+    def finalize(self) -> None:
         self._drop_ahead()
         if self._transfer is not None:
             self._transfer.close()    # before the iterator unmaps its slots
         self.iterator.finalize()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name in _ATTRIBUTES:
             current = self.__dict__.get('_current')
             if current is None:
@@ -166,17 +171,17 @@ class DevicePrefetcher(Iterator):
 
     # ---- snapshots -------------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         if self._current is None:
             return self.iterator.state_dict()
         return dict(self._current[1])
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.iterator.load_state_dict(state_dict)
         self._drop_ahead()
         self._current = None
 
-    def serialize(self, serializer):
+    def serialize(self, serializer: Any) -> None:
         if _is_deserializer(serializer):
             self.iterator.serialize(serializer)
             self._drop_ahead()

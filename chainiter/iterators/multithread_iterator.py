@@ -1,5 +1,6 @@
 import concurrent.futures
 import weakref
+from typing import Any, Callable, Optional, Tuple, Union
 
 from chainiter import _context
 from chainiter.errors import IteratorFinalizedError
@@ -28,8 +29,12 @@ class MultithreadIterator(DatasetIterator):
     # included.
     _chainer_order = ('_order', True)
 
-    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 n_threads=1, order_sampler=None, *, seed=None, shard=None):
+    def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
+                 shuffle: Optional[bool] = None, n_threads: int = 1,
+                 order_sampler: Optional[Callable[[Any, int], Any]] = None,
+                 *, seed: Optional[int] = None,
+                 shard: Union[Tuple[int, int], str, Any, None] = None
+                 ) -> None:
         n_threads = _args.positive_int('n_threads', n_threads)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
@@ -92,7 +97,7 @@ class MultithreadIterator(DatasetIterator):
                 future.cancel()
         super()._drop_pending()
 
-    def finalize(self):
+    def finalize(self) -> None:
         if not self._closed.done():
             self._closed.set_result(None)
         super().finalize()

@@ -17,6 +17,7 @@ boundary cost the same for a million examples or a billion.
 """
 
 import hashlib
+from typing import Any, Optional
 
 import numpy
 
@@ -31,7 +32,8 @@ _RANK_STREAM = 3
 class OrderSampler:
     """Base class of order samplers (Chainer's protocol)."""
 
-    def __call__(self, current_order, current_position):
+    def __call__(self, current_order: Any,
+                 current_position: int) -> Any:
         raise NotImplementedError
 
 
@@ -48,16 +50,19 @@ class ShuffleOrderSampler(OrderSampler):
     Its generator state is saved in snapshots.
     """
 
-    def __init__(self, random_state=None):
+    def __init__(self,
+                 random_state: Optional[numpy.random.RandomState] = None
+                 ) -> None:
         if random_state is None:
             random_state = numpy.random.RandomState(
                 numpy.random.randint(0, 2 ** 31 - 1))
         self._random = random_state
 
-    def __call__(self, current_order, current_position):
+    def __call__(self, current_order: Any,
+                 current_position: int) -> numpy.ndarray:
         return self._random.permutation(len(current_order))
 
-    def serialize(self, serializer):
+    def serialize(self, serializer: Any) -> None:
         name, keys, pos, has_gauss, cached = self._random.get_state()
         keys = serializer('keys', keys)
         pos = serializer('pos', pos)

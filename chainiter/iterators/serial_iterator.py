@@ -1,3 +1,5 @@
+from typing import Any, Callable, Optional, Tuple, Union
+
 from chainiter.iterators._base import DatasetIterator
 
 
@@ -29,7 +31,11 @@ class SerialIterator(DatasetIterator):
             rank.  See ``chainiter.distributed``.
     """
 
-    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 order_sampler=None, *, seed=None, shard=None):
+    def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
+                 shuffle: Optional[bool] = None,
+                 order_sampler: Optional[Callable[[Any, int], Any]] = None,
+                 *, seed: Optional[int] = None,
+                 shard: Union[Tuple[int, int], str, Any, None] = None
+                 ) -> None:
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)

@@ -7,20 +7,22 @@ value and returns it unchanged; a ``Deserializer`` returns the stored value
 gives a child that prefixes keys with ``name/``.
 """
 
+from typing import Any
+
 
 class AbstractSerializer:
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> 'AbstractSerializer':
         raise NotImplementedError
 
-    def __call__(self, key, value):
+    def __call__(self, key: str, value: Any) -> Any:
         raise NotImplementedError
 
 
 class Serializer(AbstractSerializer):
     """Base class of serializers that write values."""
 
-    def save(self, obj):
+    def save(self, obj: Any) -> None:
         """Save ``obj`` into this serializer (``obj.serialize(self)``)."""
         obj.serialize(self)
 
@@ -28,7 +30,7 @@ class Serializer(AbstractSerializer):
 class Deserializer(AbstractSerializer):
     """Base class of serializers that read values."""
 
-    def load(self, obj):
+    def load(self, obj: Any) -> None:
         """Load ``obj``'s state from this deserializer
         (``obj.serialize(self)``)."""
         obj.serialize(self)

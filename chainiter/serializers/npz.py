@@ -12,6 +12,7 @@ import secrets
 import stat
 import zipfile
 import zlib
+from typing import IO, Any, Callable, Dict, Optional, Sequence, Union
 
 import numpy
 
@@ -25,6 +26,12 @@ _READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile,
                 zlib.error, KeyError, NotImplementedError)
 
 
+#: What ``ignore_names`` takes: a key, a callable that takes a key and
+#: returns True to skip it, or a list of them.
+_IgnoreNames = Union[str, Callable[[str], bool],
+                     Sequence[Union[str, Callable[[str], bool]]], None]
+
+
 class DictionarySerializer(Serializer):
     """Writes values into a flat dictionary keyed by ``path/key``.
 
@@ -33,15 +40,16 @@ class DictionarySerializer(Serializer):
         path (str): the prefix of every key.
     """
 
-    def __init__(self, target=None, path=''):
+    def __init__(self, target: Optional[Dict[str, Any]] = None,
+                 path: str = '') -> None:
         self.target = {} if target is None else target
         self.path = path
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> 'DictionarySerializer':
         key = key.strip('/')
         return DictionarySerializer(self.target, self.path + key + '/')
 
-    def __call__(self, key, value):
+    def __call__(self, key: str, value: Any) -> Any:
         key = key.lstrip('/')
         # None is stored as a 0-d object array, as Chainer does.
         self.target[self.path + key] = numpy.asarray(value)
@@ -55,7 +63,8 @@ def serialize(obj):
     return serializer.target
 
 
-def save_npz(file, obj, compression=True):
+def save_npz(file: Union[str, bytes, os.PathLike, IO[bytes]], obj: Any,
+             compression: bool = True) -> None:
     """Save ``obj`` (anything with ``serialize``) to an npz file.
 
     Args:
@@ -195,7 +204,8 @@ class NpzDeserializer(Deserializer):
             takes the key and returns True to skip it.
     """
 
-    def __init__(self, npz, path='', strict=True, ignore_names=None):
+    def __init__(self, npz: Any, path: str = '', strict: bool = True,
+                 ignore_names: _IgnoreNames = None) -> None:
         self.npz = npz
         self.path = path
         self.strict = strict
@@ -205,7 +215,7 @@ class NpzDeserializer(Deserializer):
             ignore_names = [ignore_names]
         self.ignore_names = list(ignore_names)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> 'NpzDeserializer':
         key = key.strip('/')
         return NpzDeserializer(self.npz, self.path + key + '/',
                                strict=self.strict,
@@ -217,7 +227,7 @@ class NpzDeserializer(Deserializer):
                 return True
         return False
 
-    def __call__(self, key, value):
+    def __call__(self, key: str, value: Any) -> Any:
         key = self.path + key.lstrip('/')
         if self._ignored(key):
             return value
@@ -316,7 +326,9 @@ def _read_none(npz, key, error):
     return numpy.asarray(None)
 
 
-def load_npz(file, obj, path='', strict=True, ignore_names=None):
+def load_npz(file: Union[str, bytes, os.PathLike, IO[bytes]], obj: Any,
+             path: str = '', strict: bool = True,
+             ignore_names: _IgnoreNames = None) -> None:
     """Load ``obj``'s state from an npz file written by ``save_npz``.
 
     Args:

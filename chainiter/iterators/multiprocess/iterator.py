@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import time
 import typing
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 import warnings
 import weakref
 
@@ -128,7 +129,7 @@ def _metas(batch):
 class _Member(typing.NamedTuple):
     """The handle of a batch in a group."""
     group: _Group
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index
 
 
 def _rows(stacked, a, b):
@@ -235,13 +236,23 @@ class MultiprocessIterator(DatasetIterator):
 
     TimeoutWarning = TimeoutWarning
 
-    def __init__(self, dataset, batch_size, repeat=True, shuffle=None,
-                 n_processes=None, n_prefetch=None, shared_mem=None,
-                 order_sampler=None, dataset_timeout=30.0,
-                 maxtasksperchild=None, *, seed=None, converter=None,
-                 start_method=None, worker_init_fn=None,
-                 prefetch_bytes=PREFETCH_BYTES, shard=None,
-                 converter_in_workers=False):
+    _pool: Any      # the Pool (None until started, and once finalized)
+
+    def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
+                 shuffle: Optional[bool] = None,
+                 n_processes: Optional[int] = None,
+                 n_prefetch: Optional[int] = None,
+                 shared_mem: Optional[int] = None,
+                 order_sampler: Optional[Callable[[Any, int], Any]] = None,
+                 dataset_timeout: Optional[float] = 30.0,
+                 maxtasksperchild: Optional[int] = None, *,
+                 seed: Optional[int] = None,
+                 converter: Optional[Callable[..., Any]] = None,
+                 start_method: Optional[str] = None,
+                 worker_init_fn: Optional[Callable[[int], Any]] = None,
+                 prefetch_bytes: int = PREFETCH_BYTES,
+                 shard: Union[Tuple[int, int], str, Any, None] = None,
+                 converter_in_workers: bool = False) -> None:
         self._pool = None
         # Read once (cgroup files: 0.15 ms), not at each tuning in next().
         self._cpus = usable_cpus()
@@ -324,7 +335,7 @@ class MultiprocessIterator(DatasetIterator):
                              if self._pool.slots.layout is not None else 1)
 
     @property
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         stats = super().stats
         stats['by_copy'] = self._by_copy
         stats['prefetch'] = self._prefetch_depth
@@ -336,7 +347,7 @@ class MultiprocessIterator(DatasetIterator):
             self._worker_busy(stats['workers_active'])
         return stats
 
-    def reset_stats(self):
+    def reset_stats(self) -> None:
         self._by_copy = 0
         super().reset_stats()
 
@@ -880,7 +891,7 @@ class MultiprocessIterator(DatasetIterator):
             'the workers stack it in shared memory'.format(how),
             SharedMemoryWarning, stacklevel=5)
 
-    def finalize(self):
+    def finalize(self) -> None:
         # Whole or not at all: a Ctrl-C comes once the pool is closed.
         with uninterrupted():
             self._leave_parents_pool()     # nothing of the parent's to end

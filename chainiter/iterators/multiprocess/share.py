@@ -83,6 +83,7 @@ import os
 import pickle
 import threading
 import weakref
+from typing import Any, Dict, Literal, Sequence, Union
 from multiprocessing import reduction
 
 import numpy
@@ -107,7 +108,7 @@ ALIGN_BYTES = 64
 try:
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:         # numpy < 2.0
-    _byte_bounds = numpy.byte_bounds
+    _byte_bounds = numpy.byte_bounds  # type: ignore[attr-defined]
 
 
 #: Where an array lies in block ``block``, and how to view it.
@@ -173,7 +174,7 @@ LentPlace = collections.namedtuple(
 
 # The mappings of shared_empty's arrays: id(mmap) -> (weakref of the mmap,
 # its descriptor, its size).  The descriptor is closed with the mapping.
-_lent = {}
+_lent: Dict[int, Any] = {}
 
 
 def _forget(key, fd):
@@ -181,7 +182,8 @@ def _forget(key, fd):
     os.close(fd)
 
 
-def shared_empty(shape, dtype=float, order='C'):
+def shared_empty(shape: Union[int, Sequence[int]], dtype: Any = float,
+                 order: Literal['C', 'F'] = 'C') -> numpy.ndarray:
     """A new array, as ``numpy.empty`` (its values are zeros), in shared
     memory.
 
@@ -208,7 +210,7 @@ def shared_empty(shape, dtype=float, order='C'):
     return numpy.ndarray(shape, dtype, buffer=mapping, order=order)
 
 
-def shared_copy(array):
+def shared_copy(array: Any) -> numpy.ndarray:
     """A copy of ``array`` in shared memory (see ``shared_empty``); drop
     the original to hold the data once."""
     array = numpy.asarray(array)
