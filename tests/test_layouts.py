@@ -15,6 +15,8 @@ from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
 from chainiter.iterators.multiprocess.stacked_rows import (
     ExampleRows, as_rows, write_stacked_chunk, write_stacked_example)
 
+import helpers
+
 BATCH = 4
 
 
@@ -151,6 +153,49 @@ def test_chunks_of_rows_shorter_than_the_field_are_read_apart():
     assert describe(stacked) == describe(concat_examples(batch))
 
 
+def _ids(i, label):
+    return [i, i + 1], label
+
+
+@pytest.mark.parametrize('padding', [None, 0])
+@pytest.mark.parametrize('first,batch', [
+    ([_ids(i, i) for i in range(4)],
+     [_ids(8, 8), _ids(9, 2.5), _ids(10, 10), _ids(11, 11)]),
+    ([_ids(i, i) for i in range(4)],
+     [_ids(8, numpy.int32(8)), _ids(9, 9), _ids(10, True), _ids(11, 2**63)]),
+    ([numpy.float32(i) for i in range(4)],
+     [numpy.float32(1), 2.5, numpy.float64(3), 4]),
+    ([numpy.arange(3) + i for i in range(4)],
+     [numpy.arange(3), {'a': 1}, (numpy.arange(2), numpy.arange(3)), 4]),
+    ([numpy.arange(3) + i for i in range(4)],
+     [numpy.arange(3), [1, 2, 3], numpy.arange(3), numpy.arange(3)]),
+], ids=['a-float-label', 'scalars-of-all-kinds', 'bare-floats',
+        'other-structures', 'a-list-after-an-array'])
+def test_a_batch_read_back_converts_as_the_examples_loaded(
+        first, batch, padding):
+    """Rows that the main process reads back to stack itself are the
+    values they were written from (a scalar a scalar again, a list a
+    list), and examples that came whole are as they were: the converter
+    makes of them what it makes of the examples (or raises as it does),
+    never a cast into the layout's dtype."""
+    converter = functools.partial(concat_examples, padding=padding)
+
+    def outcome(make):
+        try:
+            return helpers.describe(make())
+        except Exception as e:
+            return type(e)
+    pool = slots(padding=padding)
+    layout = fitted(pool, first)
+    for one_by_one in (False, True):
+        whole, results = write(layout, [(0, batch[:2]), (2, batch[2:])],
+                               one_by_one)
+        stacked, examples, _ = read.read_batch(whole, layout, results)
+        got = outcome(lambda: converter(examples) if stacked is None
+                      else stacked)
+        assert got == outcome(lambda: converter(batch)), one_by_one
+
+
 def test_examples_too_large_for_their_rows_come_whole():
     pool = slots()
     layout = fitted(pool, bucket(8))
@@ -203,8 +248,8 @@ def _odd_examples():
     _odd_examples(),
     [numpy.float32(j) for j in range(4)] + [1.5, numpy.float64(2),
                                             numpy.float32(3)],
-    [1.5, 2.5, numpy.float64(3), 4, True, numpy.float32(5), 6.5],
-    [True, False, numpy.bool_(True), 1, 0.0, False],
+    [1.5, 2.5, numpy.float64(3), 3.5, 4, True, numpy.float32(5), 6.5],
+    [True, False, True, numpy.bool_(True), 1, 0.0, False],
 ], ids=['arrays-and-labels', 'float32-scalars', 'floats', 'bools'])
 def test_examples_like_the_first_are_written_as_every_example_is(examples):
     """``ExampleRows`` (what a worker's sink uses) gives the same bytes

@@ -577,22 +577,68 @@ class PartlyPadded:
         return {'x': numpy.arange(i % 3 + 1), 'y': numpy.float32(i)}
 
 
+def _shifting_batches():
+    """Batches of 4 bare examples; after the first two (Python ints),
+    each batch differs in its own way from the layout they measured."""
+    x = numpy.arange(3, dtype=numpy.float32)
+    return [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 2.5, 10, 11],                   # a float among ints
+        [numpy.int32(12), 13, 14, 15],      # a numpy int32 first
+        [True, numpy.int64(17), 18, 19],    # a bool first
+        [2 ** 63, 21, 22, 23],              # beyond int64
+        [numpy.float32(24.5), 25.5, 26.5, 27.5],
+        [{'a': x + i, 'b': i} for i in range(4)],      # dicts
+        [(x[:1] + i, x + i) for i in range(4)],        # tuples
+        [numpy.asarray(36), 37, 38, 39],    # an array, then ints: an error
+    ]
+
+
+class Shifting:
+    """The examples of ``_shifting_batches``, one after another."""
+
+    def __init__(self):
+        self.examples = [e for batch in _shifting_batches() for e in batch]
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+
+def _outcome(converter, examples):
+    try:
+        return helpers.describe(converter(examples))
+    except Exception as e:
+        return type(e)
+
+
 @pytest.mark.parametrize('dataset,converter', [
     (IdsAndLabel(), concat_examples),
+    (IdsAndLabel(), functools.partial(concat_examples, padding=0)),
     (PartlyPadded(), functools.partial(concat_examples, padding={'x': -1})),
-], ids=['list-field-and-a-float-label', 'padding-for-some-keys'])
+    (Shifting(), concat_examples),
+    (Shifting(), functools.partial(concat_examples, padding=0)),
+], ids=['list-field-and-a-float-label', 'list-field-padded',
+        'padding-for-some-keys', 'shifting', 'shifting-padded'])
 def test_stacked_batches_equal_the_converter_of_the_list(method, dataset,
                                                          converter):
-    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
-                              converter=converter,
+    # Whatever the workers wrote and the main process stacked, each batch
+    # is the converter's of the examples (or its exception), never a cast.
+    with MultiprocessIterator(dataset, 4, repeat=False, n_processes=2,
+                              shuffle=False, converter=converter,
                               start_method=method) as it, \
-            SerialIterator(dataset, 4, shuffle=False) as ref:
+            SerialIterator(dataset, 4, repeat=False, shuffle=False) as ref:
         with warnings.catch_warnings():
             # A batch that does not match the first one's layout may warn.
             warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
-            got = [next(it) for _ in range(8)]
-        expected = [converter(next(ref)) for _ in range(8)]
-    assert helpers.describe(got) == helpers.describe(expected)
+            for step, examples in enumerate(ref):
+                expected = _outcome(converter, examples)
+                assert _outcome(lambda _: next(it), None) == expected, step
+                if type(expected) is type:
+                    break       # the same batch would come again
 
 
 def test_a_batch_a_forked_child_holds_is_never_overwritten(method):

@@ -13,7 +13,8 @@ writes the examples one by one (nothing is ever cut).
 """
 
 from chainiter.datasets._columns import Columns
-from chainiter.iterators.multiprocess.stacked_layout import Rows, spec_bytes
+from chainiter.iterators.multiprocess.stacked_layout import (
+    ARRAY, NUMPY_SCALAR, Rows, _field_padding, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
 
 
@@ -43,12 +44,13 @@ def write_stacked_columns(whole, layout, start_row, columns):
         if dtype is not None and dtype.isnative and dtype.kind in 'biufc':
             # The rows of a field without padding take the column's dtype
             # and shape when they fit its bytes (as write_stacked_chunk
-            # does); a padded field's rows are exactly the layout's.
+            # does); a padded field's rows are exactly the layout's.  The
+            # values are the dataset's rows: numpy scalars of a 1-d one.
             shape = tuple(dataset.shape[1:])
-            spec = (dtype.str, shape)
+            spec = (dtype.str, shape, ARRAY if shape else NUMPY_SCALAR)
             size = spec_bytes(spec)
-            fits = spec == (field.dtype, field.capacity) if padded else \
-                size <= field.row_bytes
+            fits = spec[:2] == (field.dtype, field.capacity) if padded \
+                else size <= field.row_bytes
             if fits:
                 rows = whole[start:start + n * size].view(dtype).reshape(
                     (n,) + shape)
@@ -58,7 +60,8 @@ def write_stacked_columns(whole, layout, start_row, columns):
                     specs.append(None if padded else spec)
                     continue
         one = layout._replace(structure='single', fields=(field,),
-                              padded=(0,) if padded else ())
+                              padded=(0,) if padded else (),
+                              padding=_field_padding(layout, field.key))
         written = write_stacked_chunk(whole, one, start_row, columns.column(k))
         if written is None:
             return None

@@ -15,6 +15,7 @@ last."""
 
 import math
 import typing
+import warnings
 
 import numpy
 
@@ -50,7 +51,12 @@ def stacked_layout(batch, batch_size, padding, capacities=None,
                 'biufc':
             return None
         capacity = array.shape[1:]
-        pad = padding_of(padding, key)
+        # concat_examples pads a field only when the batch's first value
+        # is an array: lists and the like it gives to numpy.asarray as
+        # they are (ragged ones are an error).
+        pad = padding_of(padding, key, structure) if isinstance(
+            first if structure == 'single' else first[key],
+            numpy.ndarray) else None
         if pad is not None and capacities is not None and key in capacities:
             capacity = tuple(max(a, b)
                              for a, b in zip(capacity, capacities[key]))
@@ -154,6 +160,81 @@ def _round(size):
     return -(-int(size) // 16) * 16
 
 
+# What a value was before it went into its row, for the parent to give the
+# converter the same again when it stacks a batch itself (``restored``):
+# concat_examples pads, and checks shapes, only when a field's first value
+# is an array, and gives anything else to numpy.asarray, which promotes
+# Python scalars and numpy ones alike but never casts them.
+ARRAY = 'a'             # an ndarray (or a subclass: a memmap's row)
+NUMPY_SCALAR = 's'      # numpy.int32(3), numpy.float64(0.5), ...
+PYTHON_SCALAR = 'p'     # a bool, int, float or complex
+OTHER = 'o'             # a list, a tuple, an int subclass...
+_PYTHON_SCALARS = frozenset((bool, int, float, complex))
+_PYTHON_DTYPES = frozenset(numpy.dtype(t) for t in _PYTHON_SCALARS)
+
+
+def kind_of(value):
+    """The kind (above) of a field's value."""
+    kind = type(value)
+    if kind is numpy.ndarray:
+        return ARRAY
+    if kind in _PYTHON_SCALARS:
+        return PYTHON_SCALAR
+    if isinstance(value, numpy.generic):
+        return NUMPY_SCALAR
+    if isinstance(value, numpy.ndarray):
+        return ARRAY
+    return OTHER
+
+
+def restored(row, kind):
+    """The value of ``kind`` that ``row`` (a view of a row of the slot)
+    was written from, or one ``concat_examples`` treats alike: an array
+    as itself, a scalar as a scalar of its type, a list as a list: of
+    Python numbers where numpy makes the row's dtype of those (as of
+    ``[i, i + 1]``), else of the row's items (numpy scalars)."""
+    if kind == ARRAY:
+        return row
+    if kind == PYTHON_SCALAR or (kind == OTHER and
+                                 row.dtype in _PYTHON_DTYPES):
+        return row.tolist()
+    if kind == NUMPY_SCALAR or not row.shape:
+        return row[()]
+    return list(row)
+
+
+def pads(padding, dtype):
+    """Whether ``concat_examples`` can pad arrays of ``dtype`` (a str)
+    with ``padding`` (None: it does not pad): ``numpy.full`` refuses -1
+    for uint8, for one.  A field without padding in the layout (its first
+    batch had lists, or 0-d arrays) may get arrays of any dtype."""
+    if padding is None:
+        return True
+    try:
+        return _PADS[padding, dtype]
+    except KeyError:
+        pass
+    except TypeError:       # unhashable
+        return _pads(padding, dtype)
+    if len(_PADS) > 64:
+        _PADS.clear()
+    fits = _PADS[padding, dtype] = _pads(padding, dtype)
+    return fits
+
+
+_PADS = {}
+
+
+def _pads(padding, dtype):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            numpy.full((), padding, dtype=dtype)
+    except Exception:
+        return False
+    return True
+
+
 def row_spec(value):
     """``(dtype, shape)`` of the row ``concat_examples`` makes of
     ``value`` (a field of one example), or None when that is not a numeric
@@ -172,26 +253,29 @@ def row_spec(value):
 
 
 def spec_bytes(spec):
+    """Bytes of a row of ``spec``: ``(dtype, shape)``, or a field's
+    ``(dtype str, shape, kind)`` in ``Rows.specs``."""
     # math.prod, not numpy.prod: called for every field of every example
     # a worker writes, where numpy's took 4 us (bucketed examples were
     # 4x slower in a worker than in a plain loop).
-    dtype, shape = spec
-    return math.prod(shape) * numpy.dtype(dtype).itemsize
+    return math.prod(spec[1]) * numpy.dtype(spec[0]).itemsize
 
 
-def padding_of(padding, key):
-    """The padding of field ``key``, as ``concat_examples`` reads
-    ``padding``: a value for every field, a tuple with one per field, or a
-    dict naming some keys (the others unpadded)."""
-    if isinstance(padding, dict):
+def padding_of(padding, key, structure):
+    """The padding of field ``key`` of examples of ``structure``, as
+    ``concat_examples`` reads ``padding``: a value for every field, a
+    tuple with one per field of tuples, or a dict naming some keys of
+    dicts (the others unpadded).  (A tuple for dicts or bare examples is
+    one value, as is a dict for tuples.)"""
+    if structure == 'dict' and isinstance(padding, dict):
         return padding.get(key)
-    if isinstance(padding, tuple):
+    if structure == 'tuple' and isinstance(padding, tuple):
         return padding[key]
     return padding
 
 
 def _field_padding(layout, key):
-    return padding_of(layout.padding, key)
+    return padding_of(layout.padding, key, layout.structure)
 
 
 def row_bytes(layout):
@@ -208,9 +292,11 @@ class Rows(typing.NamedTuple):
     """A chunk of ``n`` examples all written into their rows; ``tops``
     maps each padded field to the largest shape in the chunk (the rest of
     each row holds the padding value up to that shape); ``specs`` gives,
-    per field without padding, the ``(dtype str, shape)`` of every row of
-    the chunk (None for padded fields; ``specs`` None: the layout's own
-    ``dtype`` and ``capacity``)."""
+    per field without padding, the ``(dtype str, shape, kinds)`` of every
+    row of the chunk, ``kinds`` the ``kind_of`` the values: one letter
+    when all are alike, else one per example (None for padded fields,
+    whose values are arrays; ``specs`` None: the layout's own ``dtype``
+    and ``capacity``, arrays)."""
     n: int
     tops: dict
     specs: tuple = None

@@ -7,8 +7,8 @@ import numpy
 
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.stacked_layout import (
-    Rows, _columns, _field_padding, _native, padded_fields, row_spec,
-    spec_bytes)
+    ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, Rows, _columns, _field_padding,
+    _native, kind_of, padded_fields, pads, restored, row_spec, spec_bytes)
 
 _ndim = operator.attrgetter('ndim')
 _dtype = operator.attrgetter('dtype')
@@ -23,6 +23,10 @@ _FLOAT = numpy.dtype(float)
 _BOOL = numpy.dtype(bool)
 # Values of one of these types (all of the same) have one dtype.
 _SCALARS = (numpy.generic, bool, int, float, complex)
+# The kinds of value _write_like takes.
+_LIKE = (ARRAY, NUMPY_SCALAR, PYTHON_SCALAR)
+# The kinds of value that have a shape.
+_ANY_SHAPE = frozenset((ARRAY, NUMPY_SCALAR))
 
 
 def write_stacked_chunk(whole, layout, start_row, examples):
@@ -48,25 +52,33 @@ def write_stacked_chunk(whole, layout, start_row, examples):
             spec = row_spec(first)
             if spec is None or spec_bytes(spec) > field.row_bytes:
                 return None
+            # The values are all of one kind, the first's (each branch
+            # checks): the rows tell the parent which (Rows.specs), should
+            # it have to stack the batch itself.
             dtype, capacity = spec
-            specs.append((dtype.str, capacity))
+            specs.append((dtype.str, capacity, kind_of(first)))
             size = spec_bytes(spec)
             dst = whole[start:start + n * size].view(dtype).reshape(
                 (n,) + capacity)
             try:
                 if type(first) is numpy.ndarray and \
                         size <= _JOIN_BYTES:
-                    # Arrays (numpy scalars too, as concat_examples takes
-                    # them) of exactly the field's dtype and shape: one
+                    # Arrays of exactly the field's dtype and shape: one
                     # copy of all their bytes is far cheaper per example
-                    # than concatenate or stack.
-                    if set(map(_shape, column)) != {capacity}:
+                    # than concatenate or stack.  (Numpy scalars, of
+                    # shape () too, are of another kind.)
+                    if set(map(_shape, column)) != {capacity} or (
+                            not capacity and
+                            set(map(type, column)) != {numpy.ndarray}):
                         raise ValueError(capacity)
                     dtypes = set(map(_dtype, column))
                     if dtypes != {dst.dtype}:
-                        # concat_examples gives native byte order: arrays
-                        # of the other order are swapped, never mixed.
-                        if {_native(d) for d in dtypes} != {dst.dtype}:
+                        # numpy.stack gives native byte order: arrays of
+                        # the other order are swapped, never mixed.  With
+                        # padding concat_examples keeps the first's order.
+                        if {_native(d) for d in dtypes} != {dst.dtype} or \
+                                _field_padding(layout, field.key) is not \
+                                None:
                             raise ValueError(dtypes)
                         numpy.stack(column, out=dst, casting='equiv')
                         continue
@@ -99,6 +111,8 @@ def write_stacked_chunk(whole, layout, start_row, examples):
                     # promotes a batch; but a chunk may hold several
                     # batches (a group of them), each with its own
                     # dtype: those go one by one, each example checked.
+                    # So do scalars of one type and another dtype (Python
+                    # ints beyond int64: uint64 or float64 to numpy).
                     types = set(map(type, column))
                     if len(types) != 1 or not issubclass(
                             types.pop(), _SCALARS):
@@ -150,18 +164,22 @@ def write_stacked_chunk(whole, layout, start_row, examples):
 
 def as_rows(layout, metas):
     """``Rows`` for per-example results that all fitted with the same
-    dtypes and shapes (but for padded fields' shapes); else ``metas``."""
+    dtypes and shapes (but for padded fields' shapes); else ``metas``.
+    A field whose values differ in kind gives the kind of each."""
     if not metas or any(type(m) is Whole for m in metas):
         return metas
     padded = padded_fields(layout)
-    specs = tuple(None if i in padded else spec
-                  for i, spec in enumerate(metas[0]))
-    for meta in metas[1:]:
-        if any(spec is not None and spec != meta[i]
-               for i, spec in enumerate(specs)):
-            return metas
+    specs = []
+    for i, spec in enumerate(metas[0]):
+        if i in padded:
+            spec = None
+        elif any(meta[i] != spec for meta in metas):
+            if any(meta[i][:2] != spec[:2] for meta in metas):
+                return metas
+            spec = spec[:2] + (''.join(meta[i][2] for meta in metas),)
+        specs.append(spec)
     return Rows(len(metas), _tops(padded, [[m[i][1] for m in metas]
-                                           for i in padded]), specs)
+                                           for i in padded]), tuple(specs))
 
 
 def _tops(indices, shape_lists):
@@ -192,8 +210,9 @@ def _field_value(layout, example, key):
 
 def write_stacked_example(whole, layout, start_row, row, example, specs):
     """Write ``example`` into row ``row`` of a chunk that starts at row
-    ``start_row``; return the tuple of its fields' ``(dtype str, shape)``,
-    or None when it does not fit the layout.
+    ``start_row``; return the tuple of its fields' ``(dtype str, shape,
+    kind)`` (``kind_of`` the value), or None when it does not fit the
+    layout.
 
     ``specs`` (a list, one entry per field, kept by the caller for the
     chunk) holds the dtype and shape of the chunk's rows of each field
@@ -208,6 +227,7 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
             value = _field_value(layout, example, field.key)
         except KeyError:
             return None
+        kind = kind_of(value)
         if i not in padded:
             spec = row_spec(value)
             if spec is None:
@@ -218,23 +238,29 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
                 return None
             value = numpy.asarray(value)
             dtype, shape = spec
-            if value.shape != shape or _native(value.dtype) != dtype:
+            if value.shape != shape or _native(value.dtype) != dtype or (
+                    value.dtype != dtype and kind == ARRAY and
+                    _field_padding(layout, field.key) is not None):
+                # (concat_examples pads arrays into the first's dtype,
+                # byte order and all.)
                 return None
             start = field.offset + start_row * field.row_bytes + \
                 (row - start_row) * size
             checked.append((i, value, dtype, shape, None, start, size))
-            out.append((dtype.str, shape))
+            out.append((dtype.str, shape, kind))
             continue
-        value = numpy.asarray(value)
-        if value.dtype.str != field.dtype or value.ndim != len(
-                field.capacity) or any(
+        # Only arrays are padded: concat_examples pads a field when its
+        # first value is an array, and gives lists to numpy.asarray.
+        if kind != ARRAY or value.dtype.str != field.dtype or \
+                value.ndim != len(field.capacity) or any(
                     a > b for a, b in zip(value.shape, field.capacity)):
             return None
+        value = numpy.asarray(value)
         padding = _field_padding(layout, field.key)
         checked.append((i, value, field.dtype, field.capacity, padding,
                         field.offset + row * field.row_bytes,
                         field.row_bytes))
-        out.append((field.dtype, value.shape))
+        out.append((field.dtype, value.shape, ARRAY))
     for i, value, dtype, shape, padding, start, size in checked:
         if i not in padded:
             specs[i] = (numpy.dtype(dtype), shape)
@@ -272,21 +298,24 @@ class ExampleRows:
                                      row, example, self.specs)
         if like is None and meta is not None:
             self._like = _like_first(self.whole, self.layout, self.start,
-                                     self.specs) or False
+                                     self.specs, meta) or False
         return meta
 
 
-def _like_first(whole, layout, start_row, specs):
+def _like_first(whole, layout, start_row, specs, meta):
     """``(structure, fields, meta)`` for ``_write_like``, or None where it
-    does not apply (padded fields, dict examples).  ``fields`` holds per
-    field its dtype, shape, the range of Python ints it takes and a view
-    of the chunk's rows; ``meta`` is the result of every such example."""
+    does not apply (padded fields, dict examples, lists).  ``fields`` holds
+    per field its dtype, shape, the kind of value, the range of Python
+    ints it takes and a view of the chunk's rows; ``meta`` (the first
+    example's) is the result of every such example."""
     if layout.padded or layout.structure not in ('tuple', 'single') or \
-            None in specs:
+            None in specs or any(m[2] not in _LIKE for m in meta):
         return None
     offsets = sorted(f.offset for f in layout.fields) + [layout.slot_bytes]
     fields = []
-    for field, (dtype, shape) in zip(layout.fields, specs):
+    for field, (dtype, shape), field_meta in zip(layout.fields, specs,
+                                                 meta):
+        kind = field_meta[2]
         size = spec_bytes((dtype, shape))
         start = field.offset + start_row * field.row_bytes
         end = offsets[offsets.index(field.offset) + 1]
@@ -296,8 +325,7 @@ def _like_first(whole, layout, start_row, specs):
         view = whole[start:start + n * size].view(dtype).reshape(
             (n,) + shape)
         ints = _int_range(dtype) if shape == () else None
-        fields.append((dtype, shape, ints, view))
-    meta = tuple((dtype.str, shape) for dtype, shape in specs)
+        fields.append((dtype, shape, kind, ints, view))
     return layout.structure, tuple(fields), meta
 
 
@@ -312,9 +340,9 @@ def _int_range(dtype):
 
 def _write_like(like, k, example):
     """Write ``example`` into the chunk's ``k``-th rows when each field
-    has exactly the first example's dtype and shape (an ndarray, a numpy
-    scalar of that dtype, or a Python bool, int or float that numpy makes
-    that dtype); its meta, or None (nothing written) when not."""
+    has exactly the first example's dtype, shape and kind (an ndarray, a
+    numpy scalar of that dtype, or a Python bool, int or float that numpy
+    makes that dtype); its meta, or None (nothing written) when not."""
     structure, fields, meta = like
     if structure == 'tuple':
         if type(example) is not tuple or len(example) != len(fields):
@@ -322,30 +350,31 @@ def _write_like(like, k, example):
         values = example
     else:
         values = (example,)
-    for value, (dtype, shape, ints, _) in zip(values, fields):
+    for value, (dtype, shape, want, ints, _) in zip(values, fields):
         kind = type(value)
         if kind is numpy.ndarray:
-            if value.dtype != dtype or value.shape != shape:
+            if want is not ARRAY or value.dtype != dtype or \
+                    value.shape != shape:
                 return None
-        elif shape != () or not (
-                kind is dtype.type or
+        elif want is ARRAY or not (
+                kind is dtype.type if want is NUMPY_SCALAR else
                 (kind is float and dtype == _FLOAT) or
                 (kind is bool and dtype == _BOOL) or
                 (kind is int and ints is not None and
                  ints[0] <= value <= ints[1])):
             return None
-    for value, (_, _, _, view) in zip(values, fields):
+    for value, (_, _, _, _, view) in zip(values, fields):
         view[k] = value
     return meta
 
 
 def example_specs(layout, metas):
-    """Per example: ``(chunk's first row, its fields' (dtype str, shape))``,
-    or the ``Whole`` it came as; from the chunks' results (``Rows`` or
-    per-example lists).  For an example of ``Rows`` a padded field's shape
-    is the chunk's largest: cut there, its row still holds the example
-    followed by padding, which ``concat_examples`` with that padding turns
-    into the same batch."""
+    """Per example: ``(chunk's first row, its fields' (dtype str, shape,
+    kind))``, or the ``Whole`` it came as; from the chunks' results
+    (``Rows`` or per-example lists).  For an example of ``Rows`` a padded
+    field's shape is the chunk's largest: cut there, its row still holds
+    the example followed by padding, which ``concat_examples`` with that
+    padding turns into the same batch."""
     out = []
     start = 0
     for meta in metas:
@@ -353,12 +382,17 @@ def example_specs(layout, metas):
             out.extend(m if type(m) is Whole else (start, m) for m in meta)
             start += len(meta)
             continue
-        specs = _specs(layout, meta)
-        out.extend([(start, tuple(
-            (field.dtype, meta.tops.get(i) or field.capacity)
+        specs = tuple(
+            (field.dtype, meta.tops.get(i) or field.capacity, ARRAY)
             if spec is None else spec
-            for i, (field, spec) in enumerate(zip(layout.fields, specs))))
-        ] * meta.n)
+            for i, (field, spec) in enumerate(zip(layout.fields,
+                                                  _specs(layout, meta))))
+        if all(len(spec[2]) == 1 for spec in specs):
+            out.extend([(start, specs)] * meta.n)
+        else:       # values of several kinds: each example its own
+            out.extend((start, tuple(
+                spec if len(spec[2]) == 1 else spec[:2] + (spec[2][j],)
+                for spec in specs)) for j in range(meta.n))
         start += meta.n
     return out
 
@@ -368,7 +402,7 @@ def _specs(layout, rows):
     if rows.specs is not None:
         return rows.specs
     padded = padded_fields(layout)
-    return tuple(None if i in padded else (f.dtype, f.capacity)
+    return tuple(None if i in padded else (f.dtype, f.capacity, ARRAY)
                  for i, f in enumerate(layout.fields))
 
 
@@ -376,15 +410,34 @@ def one_array(layout, chunks):
     """The specs of a batch whose chunks (all ``Rows``) make one array per
     field of the slot, or None: the chunks' rows differ in dtype or shape,
     or lie apart (chunks after the first start at their first row's
-    ``row_bytes``: rows smaller than that leave a gap)."""
+    ``row_bytes``: rows smaller than that leave a gap), or
+    ``concat_examples`` would fail to pad them (``pads``)."""
     specs = _specs(layout, chunks[0])
-    if len(chunks) == 1:
-        return specs
-    for chunk in chunks[1:]:
-        if _specs(layout, chunk) != specs:
-            return None
-    for field, spec in zip(layout.fields, specs):
-        if spec is not None and spec_bytes(spec) != field.row_bytes:
+    if len(chunks) > 1:
+        kinds = [spec and set(spec[2]) for spec in specs]
+        for chunk in chunks[1:]:
+            other = _specs(layout, chunk)
+            if other != specs:
+                if [s and s[:2] for s in other] != [
+                        s and s[:2] for s in specs]:
+                    return None
+                for i, spec in enumerate(other):
+                    if spec is not None:
+                        kinds[i].update(spec[2])
+        for field, spec in zip(layout.fields, specs):
+            if spec is not None and spec_bytes(spec) != field.row_bytes:
+                return None
+    else:
+        kinds = [spec and spec[2] for spec in specs]
+    # concat_examples stacks a field with numpy.asarray, or, when its
+    # first value is an array, with numpy.stack (which takes numpy scalars
+    # too, not Python ones nor lists) or numpy.full with the padding.
+    for field, spec, kind in zip(layout.fields, specs, kinds):
+        if spec is None or ARRAY not in kind:
+            continue
+        if not _ANY_SHAPE.issuperset(kind) or (
+                layout.padding is not None and not pads(
+                    _field_padding(layout, field.key), spec[0])):
             return None
     return specs
 
@@ -415,8 +468,7 @@ def read_stacked(base, layout, n, tops, specs):
     out = []
     for i, (field, spec) in enumerate(zip(layout.fields, specs)):
         if spec is not None:
-            dtype, shape = spec
-            out.append(numpy.ndarray((n,) + shape, dtype, base,
+            out.append(numpy.ndarray((n,) + spec[1], spec[0], base,
                                      field.offset))
             continue
         rows = numpy.ndarray((n,) + field.capacity, field.dtype, base,
@@ -438,19 +490,23 @@ def _structured(layout, values):
 
 def read_example(base, layout, start_row, row, specs):
     """Example ``row`` of a stacked slot (in a chunk from row
-    ``start_row``) as views, each field cut to its ``(dtype str, shape)``
-    in ``specs``, for the rare batch that has to be converted in the
-    parent."""
+    ``start_row``), for the rare batch that has to be converted in the
+    parent: each field cut to its ``(dtype str, shape, kind)`` in
+    ``specs``, an array as a view, a scalar or a list as one again
+    (``restored``), so that the converter gets what it would have got
+    without the slot."""
     padded = padded_fields(layout)
     values = []
-    for i, (field, (dtype, shape)) in enumerate(zip(layout.fields, specs)):
+    for i, (field, (dtype, shape, kind)) in enumerate(zip(layout.fields,
+                                                          specs)):
         if i in padded:
             full = numpy.ndarray(field.capacity, field.dtype, base,
                                  field.offset + row * field.row_bytes)
             values.append(full[tuple(slice(d) for d in shape)])
         else:
             size = spec_bytes((dtype, shape))
-            values.append(numpy.ndarray(
+            values.append(restored(numpy.ndarray(
                 shape, dtype, base, field.offset +
-                start_row * field.row_bytes + (row - start_row) * size))
+                start_row * field.row_bytes + (row - start_row) * size),
+                kind))
     return _structured(layout, values)
