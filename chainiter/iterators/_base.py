@@ -97,22 +97,6 @@ def _is_chainers(serializer):
                for cls in type(serializer).__mro__)
 
 
-def check_dataset(dataset):
-    missing = [name for name in ('__len__', '__getitem__')
-               if not hasattr(dataset, name)]
-    if missing:
-        raise TypeError(
-            'dataset must support len() and indexing (define __len__ and '
-            '__getitem__, or wrap your data in chainiter.datasets.'
-            'TupleDataset); {} lacks {}'.format(
-                type(dataset).__name__, ' and '.join(missing)))
-    _args.positional(dataset)
-
-
-def check_batch_size(batch_size):
-    return _args.positive_int('batch_size', batch_size)
-
-
 def _scalar(value, key):
     if value.shape != ():
         raise SnapshotMismatchError(
@@ -189,22 +173,12 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                  shard: Union[Tuple[int, int], str, Any, None] = None
                  ) -> None:
         _chainer_compat.adopt_if_loaded()
-        check_dataset(dataset)
-        self.dataset = dataset
-        self.batch_size = check_batch_size(batch_size)
+        self.dataset = _args.dataset(dataset)
+        self.batch_size = _args.positive_int('batch_size', batch_size)
         self._repeat = bool(repeat)
-        if shuffle is not None and order_sampler is not None:
-            raise ValueError(
-                'pass either shuffle or order_sampler, not both: '
-                'shuffle={!r}, order_sampler={!r}'.format(
-                    shuffle, order_sampler))
-        if order_sampler is not None and not callable(order_sampler):
-            raise TypeError('order_sampler must be callable, got {!r}'.format(
-                order_sampler))
-        self.order_sampler = order_sampler
-        # shuffle=None means shuffle unless an order sampler is given.
-        self._shuffle = order_sampler is None and (
-            shuffle is None or bool(shuffle))
+        self._shuffle = _args.shuffles(shuffle, order_sampler)
+        self.order_sampler = _args.callable_or_none(
+            'order_sampler', order_sampler)
         if seed is None and not self._shuffle:
             # As Chainer's, an iterator that does not shuffle draws nothing
             # from numpy's global RNG (a model initialised after it gets
@@ -220,11 +194,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                  ('len(dataset)', len(dataset)), ('shuffle', self._shuffle),
                  ('repeat', self._repeat)))
         self._resets = 0
-        if self._repeat and len(dataset) == 0:
-            raise ValueError(
-                'the dataset is empty, so an iterator with repeat=True would '
-                'never produce a batch; pass a non-empty dataset or '
-                'repeat=False')
+        _args.repeatable(self._repeat, len(dataset))
         self._finalized = False
         self._busy: Union[bool, int] = False   # or the caller's thread id
         self._stale = False     # the pending batches need a rewind
