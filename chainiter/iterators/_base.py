@@ -9,7 +9,9 @@
                           └── pending: deque[(state_after, handle)]
 
 ``DatasetIterator`` owns the epoch logic (through the pure ``advance``), the
-snapshot format and the bookkeeping of batches dispatched ahead of the user.
+snapshots (the pure codec ``_snapshot.py`` reads and checks them; the
+iterator adopts what it read, all of it or nothing) and the bookkeeping of
+batches dispatched ahead of the user.
 A transport subclass only implements ``_submit(step) -> handle`` (start
 loading a batch) and ``_collect(handle) -> batch`` (wait for it).  Each
 pending batch travels with the state after it; the state is adopted only when
@@ -35,17 +37,14 @@ from chainiter.iterators import (
     _args,
     _loop,
     _shard,
+    _snapshot,
     _state,
     _stats,
     order_samplers,
 )
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
-#: Version of the snapshot layout written by ``serialize`` (3: a seeded
-#: shuffle's order is named by ``seeded_order``, not stored; a sharded
-#: iterator adds ``shard_size`` and ``global_batch_size``, which older
-#: versions ignore).
-SNAPSHOT_FORMAT_VERSION = 3
+SNAPSHOT_FORMAT_VERSION = _snapshot.FORMAT_VERSION
 
 _Self = TypeVar('_Self', bound='Iterator')
 _SelfD = TypeVar('_SelfD', bound='DatasetIterator')
@@ -84,59 +83,8 @@ class Iterator(_Root):
         """Save or load the iterator's state (Chainer's protocol)."""
 
 
-def _is_deserializer(serializer):
-    # Ours and Chainer's deserializers alike.
-    return any(cls.__name__ == 'Deserializer'
-               for cls in type(serializer).__mro__)
-
-
-def _is_chainers(serializer):
-    # Chainer's serializers derive from the classes of chainer.serializer
-    # (known by their module: Chainer is never imported to ask).
-    return any(cls.__module__ == 'chainer.serializer'
-               for cls in type(serializer).__mro__)
-
-
-def _scalar(value, key):
-    if value.shape != ():
-        raise SnapshotMismatchError(
-            'the snapshot\'s {} must be a single number, got an array of '
-            'shape {}'.format(key, value.shape))
-    return value
-
-
-def _integer(value, key):
-    """A snapshot field that must be an integer (integral floats, as a
-    state dict passed through JSON has them, are taken)."""
-    value = _scalar(value, key)
-    kind = value.dtype.kind
-    if kind in 'iu' or (kind == 'f' and numpy.isfinite(value)
-                        and float(value).is_integer()):
-        number = int(value)
-        if -2 ** 63 <= number < 2 ** 63:
-            return number
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be an integer, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def _flag(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind == 'b' or (value.dtype.kind in 'iu'
-                                   and int(value) in (0, 1)):
-        return bool(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a bool, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def _real(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind in 'iuf' and numpy.isfinite(value):
-        return float(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a finite number, got {!r}'.format(
-            key, value.item()))
+#: Kept for the modules that import it from here.
+_is_deserializer = _snapshot.is_deserializer
 
 
 class _Failed:
@@ -486,7 +434,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     # ---- snapshots -------------------------------------------------------
 
     def serialize(self, serializer: Any) -> None:
-        if _is_deserializer(serializer):
+        if _snapshot.is_deserializer(serializer):
             self._load_snapshot(serializer)
         else:
             own = DictionarySerializer()
@@ -497,241 +445,57 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         """Write ``items``, a snapshot in chainiter's layout (as
         ``state_dict()`` has it), into ``serializer``: into Chainer's (and
         with ``save_order``) with the epoch's order as Chainer writes it."""
-        chainers = _is_chainers(serializer)
+        chainers = _snapshot.is_chainers(serializer)
         if chainers or self.save_order:
-            items = self._as_chainer_writes(items, chainers)
+            items = _snapshot.as_chainer_writes(
+                items, self._chainer_order, chainers)
         for key, value in items.items():
             serializer(key, value)
 
-    def _as_chainer_writes(self, items, chainers):
-        """``items`` with the epoch's order as Chainer's iterator of this
-        kind writes it: a seeded order written out, under Chainer's key
-        (``_order`` for MultithreadIterator), and None where Chainer
-        writes it (into Chainer's serializers only: chainiter's snapshots
-        hold no pickled value).  The seed stays: chainiter reading it back
-        keeps its seed, Chainer reads only the keys it knows."""
-        items = dict(items)
-        key, writes_none = self._chainer_order
-        order = None
-        for name in ('order', '_order'):
-            value = items.pop(name, None)
-            if value is not None and numpy.asarray(value).dtype != object:
-                order = value
-        if order is None and bool(items.get('seeded_order', False)):
-            order = order_samplers.seeded_order(
-                order_samplers.pass_seed(int(items['seed']),
-                                         int(items['reset_count'])),
-                int(items['epoch']), int(items['dataset_length']))
-        if order is not None or (writes_none and chainers):
-            items[key] = order
-        return items
-
     def _save_snapshot(self, serializer):
-        """Write the snapshot in chainiter's layout: a seeded order is
-        named by ``seeded_order`` and the seed, not stored."""
-        state = self._state
-        serializer('format_version', SNAPSHOT_FORMAT_VERSION)
-        serializer('current_position', state.current_position)
-        serializer('epoch', state.epoch)
-        serializer('is_new_epoch', state.is_new_epoch)
-        if isinstance(state.order, order_samplers.SeededPermutation):
-            serializer('seeded_order', True)
-        elif state.order is not None:
-            serializer('order', state.order)
-        serializer('previous_epoch_detail', state.previous_epoch_detail)
-        serializer('seed', self._seed)
-        serializer('reset_count', self._resets)
-        serializer('dataset_length', len(self.dataset))
-        if self._shard is not None:
-            serializer('shard_size', self._shard.size)
-            serializer('global_batch_size', self.global_batch_size)
-        if state.sampler_state is not None:
-            child = serializer['order_sampler']
-            for key, value in state.sampler_state.items():
-                child(key, value)
+        shard = self._shard
+        _snapshot.save(serializer, self._state, self._seed, self._resets,
+                       len(self.dataset), None if shard is None else
+                       shard.size, self.global_batch_size)
 
     def _load_snapshot(self, serializer):
         """Read a snapshot, check every field, then adopt it; a snapshot
         that fails leaves the iterator (and its order sampler) as it was."""
-        def read(key):
-            try:
-                value = serializer(key, None)
-            except KeyError:
-                return None
-            return None if value is None else numpy.asarray(value)
-
-        def required(key):
-            value = read(key)
-            if value is None:
-                raise SnapshotMismatchError(
-                    'the snapshot has no {!r}; it is not an iterator '
-                    'snapshot, or the iterator lies under a path (pass '
-                    'path=, e.g. "updater/iterator:main/")'.format(key))
-            return value
-
-        n = len(self.dataset)
-        version = read('format_version')
-        if version is not None and _integer(version, 'format_version') > \
-                SNAPSHOT_FORMAT_VERSION:
-            raise SnapshotMismatchError(
-                'the snapshot has format version {}, newer than this '
-                'chainiter understands ({}); upgrade chainiter'.format(
-                    int(version), SNAPSHOT_FORMAT_VERSION))
-        length = read('dataset_length')
-        if length is not None and _integer(length, 'dataset_length') != n:
-            raise SnapshotMismatchError(
-                'the snapshot was written for a dataset of length {}, but '
-                'this iterator\'s dataset has length {}'.format(int(length), n))
-        position = _integer(required('current_position'), 'current_position')
-        epoch = _integer(required('epoch'), 'epoch')
-        is_new_epoch = _flag(required('is_new_epoch'), 'is_new_epoch')
-        seeded = read('seeded_order')
-        seeded = seeded is not None and _flag(seeded, 'seeded_order')
-        order = read('order')
-        if order is None:
-            order = read('_order')
-        if seeded and not self._shuffle:
-            raise SnapshotMismatchError(
-                'the snapshot was written by an iterator whose order follows '
-                'from its seed (shuffle=True), but this iterator {}; build '
-                'it with shuffle=True and no order_sampler to load it'.format(
-                    'uses an order_sampler' if self.order_sampler is not None
-                    else 'does not shuffle'))
-        shuffles = self._shuffle or self.order_sampler is not None
-        if order is None and shuffles and not seeded:
-            raise SnapshotMismatchError(
-                'the snapshot has no order, so it was written by an iterator '
-                'that does not shuffle; this one shuffles. Build the iterator '
-                'with shuffle=False to load it')
-        if order is not None:
-            if not shuffles:
-                raise SnapshotMismatchError(
-                    'the snapshot holds a shuffled order, but this iterator '
-                    'does not shuffle; build it with shuffle=True (or the '
-                    'same order_sampler) to load it')
-            order = self._snapshot_order(order, n)
-        size = n if order is None else len(order)
-        if not 0 <= position <= size or epoch < 0:
-            raise SnapshotMismatchError(
-                'the snapshot position (epoch {}, position {}) does not fit '
-                'an epoch of {} examples'.format(epoch, position, size))
-        seed = read('seed')
-        if seed is not None:
-            seed = _integer(seed, 'seed')
-            if not 0 <= seed < 2 ** 63:
-                raise SnapshotMismatchError(
-                    'the snapshot has seed {}; a seed is in [0, 2**63)'.format(
-                        seed))
-        self._check_shard_fields(read)
-        resets = read('reset_count')
-        resets = 0 if resets is None else _integer(resets, 'reset_count')
-        if resets < 0:
-            raise SnapshotMismatchError(
-                'the snapshot has reset_count {}; it must be >= 0'.format(
-                    resets))
-        previous = read('previous_epoch_detail')
-        if previous is not None:
-            previous = _real(previous, 'previous_epoch_detail')
-        else:
-            # Snapshots of old Chainer versions lack it; guess as Chainer does.
-            previous = epoch + (position - self.global_batch_size) / max(
-                size, 1)
-            if epoch + position / max(size, 1) > 0:
-                previous = max(previous, 0.0)
-            else:
-                previous = _state.NO_PREVIOUS_EPOCH_DETAIL
-        sampler_state = None
+        read = _snapshot.read(serializer, _snapshot.Target(
+            len(self.dataset), self._shuffle, self.order_sampler is not None,
+            self.global_batch_size, self._seed if self._shard is not None
+            and self._seed_given else None))
         # From here the order sampler may hold the snapshot's state, and
         # an interrupt leave it there: the next next() restores it from
         # the state in force.
         self._stale = True
-        if getattr(self.order_sampler, 'serialize', None) is not None:
-            before = self._capture_sampler()
-            try:
-                self.order_sampler.serialize(serializer['order_sampler'])
-            except KeyError:
-                pass  # written without sampler state (e.g. by Chainer)
-            except Exception as e:
-                self._restore_sampler(before)
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order_sampler state does not fit this '
-                    'iterator\'s order sampler ({}: {})'.format(
-                        type(e).__name__, e)) from e
-            sampler_state = self._capture_sampler()
-        if self._shard is not None and self._seed_given and \
-                seed is not None and seed != self._seed:
-            raise SnapshotMismatchError(
-                'the snapshot was written with seed {}, but this sharded '
-                'iterator was built with seed={}: every rank must load the '
-                'same run. Build it with seed={} (or seed=None) to load '
-                'it'.format(seed, self._seed, seed))
-        if seeded:
-            if seed is None:
-                raise SnapshotMismatchError(
-                    'the snapshot says its order follows from the seed, but '
-                    'it holds no seed')
-            derived = order_samplers.SeededPermutation(
-                order_samplers.pass_seed(seed, resets), epoch, n)
-            if order is not None and not numpy.array_equal(order, derived):
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order is not the one its seed gives for '
-                    'epoch {}; the snapshot is corrupt'.format(epoch))
-            order = derived
+        sampler_state = self._load_sampler(serializer)
         # Everything fits: adopt it, all of it or nothing (no call between
         # the stores).
         self._drop_pending()
-        state = _state.IteratorState(position, epoch, is_new_epoch, order,
-                                     previous, sampler_state)
+        state = read.state._replace(sampler_state=sampler_state)
         self._seed, self._resets, self._state, self._ahead = \
-            self._seed if seed is None else seed, resets, state, state
+            self._seed if read.seed is None else read.seed, read.resets, \
+            state, state
 
-    def _check_shard_fields(self, read):
-        """A snapshot of a sharded iterator loads on any number of ranks
-        with any batch size (elastic): the state is the global position.
-        Its shard fields are checked for sense only."""
-        size, global_batch = read('shard_size'), read('global_batch_size')
-        if (size is None) != (global_batch is None):
-            raise SnapshotMismatchError(
-                'the snapshot has {} but not {}; it is corrupt'.format(
-                    *(('shard_size', 'global_batch_size') if
-                      global_batch is None else
-                      ('global_batch_size', 'shard_size'))))
-        if size is None:
-            return
-        size = _integer(size, 'shard_size')
-        global_batch = _integer(global_batch, 'global_batch_size')
-        if size < 1 or global_batch < 1 or global_batch % size:
-            raise SnapshotMismatchError(
-                'the snapshot has shard_size {} and global_batch_size {}: '
-                'a global batch is shard_size (>= 1) times the batch size '
-                '(>= 1); the snapshot is corrupt'.format(size, global_batch))
-
-    def _snapshot_order(self, order, n):
-        if order.ndim == 0 and order.dtype == object:
-            return None   # Chainer writes None as a 0-d object array
-        if order.ndim != 1 or order.dtype.kind not in 'iu':
-            raise SnapshotMismatchError(
-                'the snapshot\'s order must be a 1-d array of integers, got '
-                'shape {} of dtype {}'.format(order.shape, order.dtype))
-        # An order sampler's epoch may be longer or shorter than the
-        # dataset; a seeded shuffle's is a permutation of it.
-        if self._shuffle:
-            if len(order) != n:
-                raise SnapshotMismatchError(
-                    'the snapshot was written for a dataset of length {} '
-                    '(its order has {} entries), but this iterator\'s '
-                    'dataset has length {}'.format(len(order), len(order), n))
-            if n and 0 <= order.min() and order.max() < n and \
-                    numpy.bincount(order, minlength=n).max() > 1:
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order repeats indices; a shuffled '
-                    'order is a permutation of range({})'.format(n))
+    def _load_sampler(self, serializer):
+        """Load the order sampler's state from the snapshot, if it has one,
+        and return it (None for a sampler without state).  A state that
+        does not fit leaves the sampler as it was."""
+        if getattr(self.order_sampler, 'serialize', None) is None:
+            return None
+        before = self._capture_sampler()
         try:
-            return _state.check_order(order, n)
-        except ValueError as e:
+            self.order_sampler.serialize(serializer['order_sampler'])
+        except KeyError:
+            pass  # written without sampler state (e.g. by Chainer)
+        except Exception as e:
+            self._restore_sampler(before)
             raise SnapshotMismatchError(
-                'the snapshot\'s order does not fit this iterator\'s '
-                'dataset of length {}: {}'.format(n, e)) from e
+                'the snapshot\'s order_sampler state does not fit this '
+                'iterator\'s order sampler ({}: {})'.format(
+                    type(e).__name__, e)) from e
+        return self._capture_sampler()
 
     # ---- copies and pickles ---------------------------------------------
 
