@@ -2,28 +2,45 @@
 
 ::
 
-    user ── next() ──► DatasetIterator ── advance(state) ──► Step(spans, orders)
-                          │    ▲                                  │
-                          │    └── adopt state_after ◄── batch ◄──┤ transport
-                          │                                       │ (_submit/_collect)
-                          └── pending: deque[(state_after, handle)]
+    user ── next() ──► DatasetIterator ── advance(state) ──► Step
+                          │    ▲                              │ transport:
+                          │    └── adopt state_after ◄─ batch ┤ _submit,
+                          │                                   │ _collect
+                          └── _pending: PendingBatches
+                              of (state_after, handle)
 
 ``DatasetIterator`` owns the epoch logic (through the pure ``advance``), the
 snapshots (the pure codec ``_snapshot.py`` reads and checks them; the
 iterator adopts what it read, all of it or nothing) and the bookkeeping of
-batches dispatched ahead of the user.
-A transport subclass only implements ``_submit(step) -> handle`` (start
-loading a batch) and ``_collect(handle) -> batch`` (wait for it).  Each
-pending batch travels with the state after it; the state is adopted only when
-the batch is handed out, so a snapshot never counts prefetched batches.
+batches dispatched ahead of the user (``_pending.py``).  Each pending batch
+travels with the state after it; the state is adopted only when the batch is
+handed out, so a snapshot never counts prefetched batches.  Its arguments are
+checked by ``_args.py``, ``shard=`` is resolved by ``_shard.py``; the
+PyTorch-style loop comes from ``_loop.py``, ``stats`` from ``_stats.py``.
+
+A transport subclass implements ``_submit(step) -> handle`` (start loading a
+batch) and ``_collect(handle) -> batch`` (wait for it), and may set or
+override:
+
+- ``_prefetch_depth``: how many batches are loaded ahead of the one handed
+  out;
+- ``_drop_pending()``: forget the batches dispatched (cancel them, then call
+  the base's);
+- ``_interrupted_waiting()``: whether an exception came while ``next()``
+  waited and changed nothing (the pending batches are then kept);
+- ``_start_transport()`` and ``_transport_attributes()``: make the threads
+  or processes (at construction and after unpickling), and name the
+  attributes never copied or pickled;
+- ``_ready_batches()`` and ``_stats_window_started()`` (``_stats.py``): the
+  transport's part of ``stats``;
+- ``finalize()``: release the transport, then call the base's.
 """
 
-import collections
 import copy
 import threading
 import time
 from typing import (
-    Any, Callable, Deque, Dict, Mapping, Optional, Tuple, TypeVar, Union)
+    Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union)
 
 import numpy
 
@@ -42,6 +59,7 @@ from chainiter.iterators import (
     _stats,
     order_samplers,
 )
+from chainiter.iterators._pending import Failed, PendingBatches
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 SNAPSHOT_FORMAT_VERSION = _snapshot.FORMAT_VERSION
@@ -58,7 +76,8 @@ class _Root:
 
 
 class Iterator(_Root):
-    """Chainer's iterator protocol: ``next()``, ``finalize()``, ``serialize``."""
+    """Chainer's iterator protocol: ``next()``, ``finalize()``,
+    ``serialize``."""
 
     def __iter__(self: _Self) -> _Self:
         return self
@@ -87,20 +106,17 @@ class Iterator(_Root):
 _is_deserializer = _snapshot.is_deserializer
 
 
-class _Failed:
-    """A pending batch whose indices could not be computed."""
-
-    def __init__(self, error):
-        self.error = error
+#: Kept for the modules that import it from here.
+_Failed = Failed
 
 
 class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 
     The PyTorch-style loop (``len``, ``one_epoch()``) comes from
-    ``_loop.py``, ``stats`` from ``_stats.py``.  Subclasses set
-    ``_prefetch_depth`` (batches loaded ahead of the one being handed out)
-    and implement ``_submit`` and ``_collect``.
+    ``_loop.py``, ``stats`` from ``_stats.py``.  Subclasses implement
+    ``_submit`` and ``_collect`` and the other transport hooks they need
+    (the module's docstring lists them).
     """
 
     _prefetch_depth = 0
@@ -146,7 +162,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._finalized = False
         self._busy: Union[bool, int] = False   # or the caller's thread id
         self._stale = False     # the pending batches need a rewind
-        self._pending: Deque[Tuple[Any, Any]] = collections.deque()
+        self._pending = PendingBatches()
         # The last few seeded orders, by key.
         self._orders: Dict[Any, Any] = {}
         self._state = self._initial_state()
@@ -241,8 +257,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     def _dispatch_until(self, count):
         while len(self._pending) < count:
-            if self._pending and (self._pending[-1][1] is None or isinstance(
-                    self._pending[-1][1], _Failed)):
+            if self._pending.closed():
                 return  # the end of the iteration, or an error, is queued
             try:
                 ahead, step = _state.advance(
@@ -256,7 +271,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     ahead = ahead._replace(padding=padding)
             except Exception as e:
                 # Raised from the next() that would return this batch.
-                self._pending.append((self._ahead, _Failed(e)))
+                self._pending.append((self._ahead, Failed(e)))
                 return
             if step is None:
                 self._pending.append((ahead, None))
@@ -294,7 +309,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             if handle is None:
                 self._state = state     # Chainer updates previous_epoch_detail
                 raise StopIteration
-            if isinstance(handle, _Failed):
+            if isinstance(handle, Failed):
                 raise handle.error
             batch = self._collect(handle)
             # Loading ahead comes before the batch is consumed: whatever
@@ -516,7 +531,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     def __setstate__(self, pickled):
         self.__dict__.update(pickled)
-        self._pending = collections.deque()
+        self._pending = PendingBatches()
         self._orders = {}
         self._busy = False
         self._stale = False
