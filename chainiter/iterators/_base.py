@@ -53,6 +53,7 @@ from chainiter.errors import (
 from chainiter.iterators import (
     _args,
     _loop,
+    _orders,
     _shard,
     _snapshot,
     _state,
@@ -63,6 +64,10 @@ from chainiter.iterators._pending import Failed, PendingBatches
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
 SNAPSHOT_FORMAT_VERSION = _snapshot.FORMAT_VERSION
+
+#: Seeded orders kept: a batch loaded again after an interrupt or a
+#: snapshot finds its order's indices already computed.
+KEPT_ORDERS = 3
 
 _Self = TypeVar('_Self', bound='Iterator')
 _SelfD = TypeVar('_SelfD', bound='DatasetIterator')
@@ -163,8 +168,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._busy: Union[bool, int] = False   # or the caller's thread id
         self._stale = False     # the pending batches need a rewind
         self._pending = PendingBatches()
-        # The last few seeded orders, by key.
-        self._orders: Dict[Any, Any] = {}
+        self._orders = _orders.RecentOrders(KEPT_ORDERS)
         self._state = self._initial_state()
         self._ahead = self._state
         self._timing = _stats.Timing()
@@ -203,46 +207,23 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         if self.order_sampler is not None:
             order = _state.check_order(
                 self.order_sampler(numpy.arange(n), 0), n)
-            return _state.IteratorState(0, 0, False, order,
-                                        sampler_state=self._capture_sampler())
+            return _state.IteratorState(
+                0, 0, False, order,
+                sampler_state=_orders.capture(self.order_sampler))
         if self._shuffle:
-            return _state.IteratorState(0, 0, False, self._seeded(
-                0, order_samplers.pass_seed(
+            return _state.IteratorState(0, 0, False, self._orders.get(
+                order_samplers.pass_seed(
                     self._seed if seed is None else seed,
-                    self._resets if resets is None else resets)))
+                    self._resets if resets is None else resets), 0, n))
         return _state.IteratorState(0, 0, False, None)
 
-    def _seeded(self, epoch, pass_seed=None):
-        # The last few are kept: a batch loaded again after an interrupt
-        # or a snapshot finds its order's indices already computed.
-        key = (self._pass_seed if pass_seed is None else pass_seed, epoch,
-               len(self.dataset))
-        orders = self._orders
-        order = orders.get(key)
-        if order is None:
-            order = orders[key] = order_samplers.SeededPermutation(*key)
-            while len(orders) > 3:
-                del orders[next(iter(orders))]
-        return order
-
     def _next_order(self, order, position, epoch):
+        n = len(self.dataset)
         if self.order_sampler is not None:
             new = _state.check_order(self.order_sampler(order, position),
-                                     len(self.dataset), len(order))
-            return new, self._capture_sampler()
-        return self._seeded(epoch), None
-
-    def _capture_sampler(self):
-        serialize = getattr(self.order_sampler, 'serialize', None)
-        if serialize is None:
-            return None
-        target = {}
-        serialize(DictionarySerializer(target))
-        return target
-
-    def _restore_sampler(self, sampler_state):
-        if sampler_state is not None:
-            self.order_sampler.serialize(NpzDeserializer(sampler_state))
+                                     n, len(order))
+            return new, _orders.capture(self.order_sampler)
+        return self._orders.get(self._pass_seed, epoch, n), None
 
     def _rewind(self):
         """Drop the batches dispatched ahead; the next batch is loaded anew
@@ -252,7 +233,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._stale = True
         self._drop_pending()
         self._ahead = self._state
-        self._restore_sampler(self._state.sampler_state)
+        _orders.restore(self.order_sampler, self._state.sampler_state)
         self._stale = False
 
     def _dispatch_until(self, count):
@@ -499,18 +480,18 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         does not fit leaves the sampler as it was."""
         if getattr(self.order_sampler, 'serialize', None) is None:
             return None
-        before = self._capture_sampler()
+        before = _orders.capture(self.order_sampler)
         try:
             self.order_sampler.serialize(serializer['order_sampler'])
         except KeyError:
             pass  # written without sampler state (e.g. by Chainer)
         except Exception as e:
-            self._restore_sampler(before)
+            _orders.restore(self.order_sampler, before)
             raise SnapshotMismatchError(
                 'the snapshot\'s order_sampler state does not fit this '
                 'iterator\'s order sampler ({}: {})'.format(
                     type(e).__name__, e)) from e
-        return self._capture_sampler()
+        return _orders.capture(self.order_sampler)
 
     # ---- copies and pickles ---------------------------------------------
 
@@ -532,7 +513,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     def __setstate__(self, pickled):
         self.__dict__.update(pickled)
         self._pending = PendingBatches()
-        self._orders = {}
+        self._orders = _orders.RecentOrders(KEPT_ORDERS)
         self._busy = False
         self._stale = False
         self._finalized = False
