@@ -36,6 +36,41 @@ def callable_or_none(name, value):
     return value
 
 
+def dataset(value):
+    """``value`` if it can be a dataset: ``len()`` and indexing by
+    position."""
+    missing = [name for name in ('__len__', '__getitem__')
+               if not hasattr(value, name)]
+    if missing:
+        raise TypeError(
+            'dataset must support len() and indexing (define __len__ and '
+            '__getitem__, or wrap your data in chainiter.datasets.'
+            'TupleDataset); {} lacks {}'.format(
+                type(value).__name__, ' and '.join(missing)))
+    positional(value)
+    return value
+
+
+def shuffles(shuffle, order_sampler):
+    """Whether the order is a seeded shuffle: ``shuffle=None`` means
+    shuffle unless an order sampler is given; both given is an error."""
+    if shuffle is not None and order_sampler is not None:
+        raise ValueError(
+            'pass either shuffle or order_sampler, not both: '
+            'shuffle={!r}, order_sampler={!r}'.format(
+                shuffle, order_sampler))
+    return order_sampler is None and (shuffle is None or bool(shuffle))
+
+
+def repeatable(repeat, length):
+    """Refuse ``repeat=True`` over an empty dataset (no batch, ever)."""
+    if repeat and length == 0:
+        raise ValueError(
+            'the dataset is empty, so an iterator with repeat=True would '
+            'never produce a batch; pass a non-empty dataset or '
+            'repeat=False')
+
+
 def start_method(value):
     """A start method of multiprocessing this platform has, or None (the
     default); else an error naming the ones it has (multiprocessing's own

@@ -2,26 +2,45 @@
 
 ::
 
-    user ── next() ──► DatasetIterator ── advance(state) ──► Step(spans, orders)
-                          │    ▲                                  │
-                          │    └── adopt state_after ◄── batch ◄──┤ transport
-                          │                                       │ (_submit/_collect)
-                          └── pending: deque[(state_after, handle)]
+    user ── next() ──► DatasetIterator ── advance(state) ──► Step
+                          │    ▲                              │ transport:
+                          │    └── adopt state_after ◄─ batch ┤ _submit,
+                          │                                   │ _collect
+                          └── _pending: PendingBatches
+                              of (state_after, handle)
 
 ``DatasetIterator`` owns the epoch logic (through the pure ``advance``), the
-snapshot format and the bookkeeping of batches dispatched ahead of the user.
-A transport subclass only implements ``_submit(step) -> handle`` (start
-loading a batch) and ``_collect(handle) -> batch`` (wait for it).  Each
-pending batch travels with the state after it; the state is adopted only when
-the batch is handed out, so a snapshot never counts prefetched batches.
+snapshots (the pure codec ``_snapshot.py`` reads and checks them; the
+iterator adopts what it read, all of it or nothing) and the bookkeeping of
+batches dispatched ahead of the user (``_pending.py``).  Each pending batch
+travels with the state after it; the state is adopted only when the batch is
+handed out, so a snapshot never counts prefetched batches.  Its arguments are
+checked by ``_args.py``, ``shard=`` is resolved by ``_shard.py``; the
+PyTorch-style loop comes from ``_loop.py``, ``stats`` from ``_stats.py``.
+
+A transport subclass implements ``_submit(step) -> handle`` (start loading a
+batch) and ``_collect(handle) -> batch`` (wait for it), and may set or
+override:
+
+- ``_prefetch_depth``: how many batches are loaded ahead of the one handed
+  out;
+- ``_drop_pending()``: forget the batches dispatched (cancel them, then call
+  the base's);
+- ``_interrupted_waiting()``: whether an exception came while ``next()``
+  waited and changed nothing (the pending batches are then kept);
+- ``_start_transport()`` and ``_transport_attributes()``: make the threads
+  or processes (at construction and after unpickling), and name the
+  attributes never copied or pickled;
+- ``_ready_batches()`` and ``_stats_window_started()`` (``_stats.py``): the
+  transport's part of ``stats``;
+- ``finalize()``: release the transport, then call the base's.
 """
 
-import collections
 import copy
 import threading
 import time
 from typing import (
-    Any, Callable, Deque, Dict, Mapping, Optional, Tuple, TypeVar, Union)
+    Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union)
 
 import numpy
 
@@ -34,18 +53,21 @@ from chainiter.errors import (
 from chainiter.iterators import (
     _args,
     _loop,
+    _orders,
     _shard,
+    _snapshot,
     _state,
     _stats,
     order_samplers,
 )
+from chainiter.iterators._pending import Failed, PendingBatches
 from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
 
-#: Version of the snapshot layout written by ``serialize`` (3: a seeded
-#: shuffle's order is named by ``seeded_order``, not stored; a sharded
-#: iterator adds ``shard_size`` and ``global_batch_size``, which older
-#: versions ignore).
-SNAPSHOT_FORMAT_VERSION = 3
+SNAPSHOT_FORMAT_VERSION = _snapshot.FORMAT_VERSION
+
+#: Seeded orders kept: a batch loaded again after an interrupt or a
+#: snapshot finds its order's indices already computed.
+KEPT_ORDERS = 3
 
 _Self = TypeVar('_Self', bound='Iterator')
 _SelfD = TypeVar('_SelfD', bound='DatasetIterator')
@@ -59,7 +81,8 @@ class _Root:
 
 
 class Iterator(_Root):
-    """Chainer's iterator protocol: ``next()``, ``finalize()``, ``serialize``."""
+    """Chainer's iterator protocol: ``next()``, ``finalize()``,
+    ``serialize``."""
 
     def __iter__(self: _Self) -> _Self:
         return self
@@ -84,178 +107,21 @@ class Iterator(_Root):
         """Save or load the iterator's state (Chainer's protocol)."""
 
 
-def _is_deserializer(serializer):
-    # Ours and Chainer's deserializers alike.
-    return any(cls.__name__ == 'Deserializer'
-               for cls in type(serializer).__mro__)
+#: Kept for the modules that import it from here.
+_is_deserializer = _snapshot.is_deserializer
 
 
-def _is_chainers(serializer):
-    # Chainer's serializers derive from the classes of chainer.serializer
-    # (known by their module: Chainer is never imported to ask).
-    return any(cls.__module__ == 'chainer.serializer'
-               for cls in type(serializer).__mro__)
-
-
-def check_dataset(dataset):
-    missing = [name for name in ('__len__', '__getitem__')
-               if not hasattr(dataset, name)]
-    if missing:
-        raise TypeError(
-            'dataset must support len() and indexing (define __len__ and '
-            '__getitem__, or wrap your data in chainiter.datasets.'
-            'TupleDataset); {} lacks {}'.format(
-                type(dataset).__name__, ' and '.join(missing)))
-    _args.positional(dataset)
-
-
-def check_batch_size(batch_size):
-    return _args.positive_int('batch_size', batch_size)
-
-
-def _scalar(value, key):
-    if value.shape != ():
-        raise SnapshotMismatchError(
-            'the snapshot\'s {} must be a single number, got an array of '
-            'shape {}'.format(key, value.shape))
-    return value
-
-
-def _integer(value, key):
-    """A snapshot field that must be an integer (integral floats, as a
-    state dict passed through JSON has them, are taken)."""
-    value = _scalar(value, key)
-    kind = value.dtype.kind
-    if kind in 'iu' or (kind == 'f' and numpy.isfinite(value)
-                        and float(value).is_integer()):
-        number = int(value)
-        if -2 ** 63 <= number < 2 ** 63:
-            return number
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be an integer, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def _flag(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind == 'b' or (value.dtype.kind in 'iu'
-                                   and int(value) in (0, 1)):
-        return bool(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a bool, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def _real(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind in 'iuf' and numpy.isfinite(value):
-        return float(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a finite number, got {!r}'.format(
-            key, value.item()))
-
-
-def _resolve_shard(shard, seed, drawn, same):
-    """``(Shard, seed)`` for the ``shard=`` argument: ``(rank, size)``,
-    ``'auto'`` (the launcher's environment variables) or a communicator,
-    whose ranks check in one message that they agree on the seed and on
-    ``same`` (``(name, value)`` pairs: batch size, dataset length...), and
-    take rank 0's seed where none was given (``_agree``).  Without a
-    communicator there is no one to ask."""
-    if isinstance(shard, str):
-        if shard != 'auto':
-            raise ValueError(
-                "shard must be (rank, size), 'auto' or a communicator, got "
-                "{!r}".format(shard))
-        where = _shard.from_environment()
-    elif isinstance(shard, (tuple, list)):
-        if len(shard) != 2:
-            raise ValueError(
-                'shard=(rank, size) takes two ints, got {!r}'.format(shard))
-        where = _shard.check_shard(*shard)
-    else:
-        from chainiter.distributed import _comm   # never imports mpi4py
-        if not _comm.is_communicator(shard):
-            raise TypeError(
-                "shard must be (rank, size), 'auto' or an mpi4py or ChainerMN "
-                "communicator, got {!r}".format(shard))
-        where = _shard.check_shard(*_comm.rank_size(shard))
-        if where.size > 1:
-            drawn = _agree(shard, seed is not None, drawn, same)
-        return where, drawn
-    if seed is None and where.size > 1:
-        raise ValueError(
-            'a sharded iterator needs the same seed on every rank: pass '
-            'seed= (the same int on every rank), or shard=comm (an mpi4py '
-            'communicator) so that rank 0\'s seed is sent to the others; '
-            'got seed=None with shard={!r} (rank {} of {})'.format(
-                shard, where.rank, where.size))
-    return where, drawn
-
-
-def _agree(comm, given, seed, same):
-    """The seed of every rank of ``comm``: its own where every rank passed
-    the same, rank 0's where none passed one.  One allgather of ``(given,
-    seed, *values)``; where the ranks differ (``seed=1234 + rank``, another
-    batch size or dataset), their shares of the global order would overlap
-    or leave examples out, so every rank raises the same ``ValueError``,
-    naming each rank's values."""
-    from chainiter.distributed import _comm   # never imports mpi4py
-    rows = _comm.allgather_small(
-        comm, (given, seed) + tuple(value for _, value in same))
-    seeds = [row[1] if row[0] else None for row in rows]
-    differ = []
-    seeds_differ = len(set(seeds)) > 1
-    if seeds_differ:
-        differ.append('seed ({})'.format(_per_rank(seeds)))
-    for i, (name, _) in enumerate(same):
-        values = [row[2 + i] for row in rows]
-        if len(set(values)) > 1:
-            differ.append('{} ({})'.format(name, _per_rank(values)))
-    if differ:
-        raise ValueError(
-            'the ranks of a sharded iterator take their shares of one global '
-            'order, so they need the same seed, batch size and dataset, but '
-            'these differ: {}. Pass the same values on every rank{}'.format(
-                ', '.join(differ), '' if not seeds_differ else
-                ' (or seed=None on all: rank 0\'s seed is sent); no rank '
-                'needs a seed of its own, since example_rng() differs per '
-                'example and each rank\'s workers seed their generators '
-                'apart'))
-    return int(rows[0][1])
-
-
-def _per_rank(values, shown=6):
-    """``'4 on ranks 0, 1; 5 on rank 2'``: each value and its ranks."""
-    groups = {}
-    for rank, value in enumerate(values):
-        groups.setdefault(value, []).append(rank)
-    parts = []
-    for value, ranks in list(groups.items())[:shown]:
-        text = ', '.join(str(r) for r in ranks[:4])
-        if len(ranks) > 4:
-            text += ', ... ({} ranks)'.format(len(ranks))
-        parts.append('{!r} on rank{} {}'.format(
-            value, 's' if len(ranks) > 1 else '', text))
-    if len(groups) > shown:
-        parts.append('{} more values'.format(len(groups) - shown))
-    return '; '.join(parts)
-
-
-class _Failed:
-    """A pending batch whose indices could not be computed."""
-
-    def __init__(self, error):
-        self.error = error
+#: Kept for the modules that import it from here.
+_Failed = Failed
 
 
 class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 
     The PyTorch-style loop (``len``, ``one_epoch()``) comes from
-    ``_loop.py``, ``stats`` from ``_stats.py``.  Subclasses set
-    ``_prefetch_depth`` (batches loaded ahead of the one being handed out)
-    and implement ``_submit`` and ``_collect``.
+    ``_loop.py``, ``stats`` from ``_stats.py``.  Subclasses implement
+    ``_submit`` and ``_collect`` and the other transport hooks they need
+    (the module's docstring lists them).
     """
 
     _prefetch_depth = 0
@@ -276,22 +142,12 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                  shard: Union[Tuple[int, int], str, Any, None] = None
                  ) -> None:
         _chainer_compat.adopt_if_loaded()
-        check_dataset(dataset)
-        self.dataset = dataset
-        self.batch_size = check_batch_size(batch_size)
+        self.dataset = _args.dataset(dataset)
+        self.batch_size = _args.positive_int('batch_size', batch_size)
         self._repeat = bool(repeat)
-        if shuffle is not None and order_sampler is not None:
-            raise ValueError(
-                'pass either shuffle or order_sampler, not both: '
-                'shuffle={!r}, order_sampler={!r}'.format(
-                    shuffle, order_sampler))
-        if order_sampler is not None and not callable(order_sampler):
-            raise TypeError('order_sampler must be callable, got {!r}'.format(
-                order_sampler))
-        self.order_sampler = order_sampler
-        # shuffle=None means shuffle unless an order sampler is given.
-        self._shuffle = order_sampler is None and (
-            shuffle is None or bool(shuffle))
+        self._shuffle = _args.shuffles(shuffle, order_sampler)
+        self.order_sampler = _args.callable_or_none(
+            'order_sampler', order_sampler)
         if seed is None and not self._shuffle:
             # As Chainer's, an iterator that does not shuffle draws nothing
             # from numpy's global RNG (a model initialised after it gets
@@ -301,23 +157,18 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             self._seed = order_samplers.check_seed(seed)
         self._shard, self._seed_given = None, seed is not None
         if shard is not None:
-            self._shard, self._seed = _resolve_shard(
+            self._shard, self._seed = _shard.resolve(
                 shard, seed, self._seed,
                 (('batch_size', self.batch_size),
                  ('len(dataset)', len(dataset)), ('shuffle', self._shuffle),
                  ('repeat', self._repeat)))
         self._resets = 0
-        if self._repeat and len(dataset) == 0:
-            raise ValueError(
-                'the dataset is empty, so an iterator with repeat=True would '
-                'never produce a batch; pass a non-empty dataset or '
-                'repeat=False')
+        _args.repeatable(self._repeat, len(dataset))
         self._finalized = False
         self._busy: Union[bool, int] = False   # or the caller's thread id
         self._stale = False     # the pending batches need a rewind
-        self._pending: Deque[Tuple[Any, Any]] = collections.deque()
-        # The last few seeded orders, by key.
-        self._orders: Dict[Any, Any] = {}
+        self._pending = PendingBatches()
+        self._orders = _orders.RecentOrders(KEPT_ORDERS)
         self._state = self._initial_state()
         self._ahead = self._state
         self._timing = _stats.Timing()
@@ -356,46 +207,23 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         if self.order_sampler is not None:
             order = _state.check_order(
                 self.order_sampler(numpy.arange(n), 0), n)
-            return _state.IteratorState(0, 0, False, order,
-                                        sampler_state=self._capture_sampler())
+            return _state.IteratorState(
+                0, 0, False, order,
+                sampler_state=_orders.capture(self.order_sampler))
         if self._shuffle:
-            return _state.IteratorState(0, 0, False, self._seeded(
-                0, order_samplers.pass_seed(
+            return _state.IteratorState(0, 0, False, self._orders.get(
+                order_samplers.pass_seed(
                     self._seed if seed is None else seed,
-                    self._resets if resets is None else resets)))
+                    self._resets if resets is None else resets), 0, n))
         return _state.IteratorState(0, 0, False, None)
 
-    def _seeded(self, epoch, pass_seed=None):
-        # The last few are kept: a batch loaded again after an interrupt
-        # or a snapshot finds its order's indices already computed.
-        key = (self._pass_seed if pass_seed is None else pass_seed, epoch,
-               len(self.dataset))
-        orders = self._orders
-        order = orders.get(key)
-        if order is None:
-            order = orders[key] = order_samplers.SeededPermutation(*key)
-            while len(orders) > 3:
-                del orders[next(iter(orders))]
-        return order
-
     def _next_order(self, order, position, epoch):
+        n = len(self.dataset)
         if self.order_sampler is not None:
             new = _state.check_order(self.order_sampler(order, position),
-                                     len(self.dataset), len(order))
-            return new, self._capture_sampler()
-        return self._seeded(epoch), None
-
-    def _capture_sampler(self):
-        serialize = getattr(self.order_sampler, 'serialize', None)
-        if serialize is None:
-            return None
-        target = {}
-        serialize(DictionarySerializer(target))
-        return target
-
-    def _restore_sampler(self, sampler_state):
-        if sampler_state is not None:
-            self.order_sampler.serialize(NpzDeserializer(sampler_state))
+                                     n, len(order))
+            return new, _orders.capture(self.order_sampler)
+        return self._orders.get(self._pass_seed, epoch, n), None
 
     def _rewind(self):
         """Drop the batches dispatched ahead; the next batch is loaded anew
@@ -405,13 +233,12 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._stale = True
         self._drop_pending()
         self._ahead = self._state
-        self._restore_sampler(self._state.sampler_state)
+        _orders.restore(self.order_sampler, self._state.sampler_state)
         self._stale = False
 
     def _dispatch_until(self, count):
         while len(self._pending) < count:
-            if self._pending and (self._pending[-1][1] is None or isinstance(
-                    self._pending[-1][1], _Failed)):
+            if self._pending.closed():
                 return  # the end of the iteration, or an error, is queued
             try:
                 ahead, step = _state.advance(
@@ -425,7 +252,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                     ahead = ahead._replace(padding=padding)
             except Exception as e:
                 # Raised from the next() that would return this batch.
-                self._pending.append((self._ahead, _Failed(e)))
+                self._pending.append((self._ahead, Failed(e)))
                 return
             if step is None:
                 self._pending.append((ahead, None))
@@ -463,7 +290,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
             if handle is None:
                 self._state = state     # Chainer updates previous_epoch_detail
                 raise StopIteration
-            if isinstance(handle, _Failed):
+            if isinstance(handle, Failed):
                 raise handle.error
             batch = self._collect(handle)
             # Loading ahead comes before the batch is consumed: whatever
@@ -603,7 +430,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     # ---- snapshots -------------------------------------------------------
 
     def serialize(self, serializer: Any) -> None:
-        if _is_deserializer(serializer):
+        if _snapshot.is_deserializer(serializer):
             self._load_snapshot(serializer)
         else:
             own = DictionarySerializer()
@@ -614,241 +441,57 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         """Write ``items``, a snapshot in chainiter's layout (as
         ``state_dict()`` has it), into ``serializer``: into Chainer's (and
         with ``save_order``) with the epoch's order as Chainer writes it."""
-        chainers = _is_chainers(serializer)
+        chainers = _snapshot.is_chainers(serializer)
         if chainers or self.save_order:
-            items = self._as_chainer_writes(items, chainers)
+            items = _snapshot.as_chainer_writes(
+                items, self._chainer_order, chainers)
         for key, value in items.items():
             serializer(key, value)
 
-    def _as_chainer_writes(self, items, chainers):
-        """``items`` with the epoch's order as Chainer's iterator of this
-        kind writes it: a seeded order written out, under Chainer's key
-        (``_order`` for MultithreadIterator), and None where Chainer
-        writes it (into Chainer's serializers only: chainiter's snapshots
-        hold no pickled value).  The seed stays: chainiter reading it back
-        keeps its seed, Chainer reads only the keys it knows."""
-        items = dict(items)
-        key, writes_none = self._chainer_order
-        order = None
-        for name in ('order', '_order'):
-            value = items.pop(name, None)
-            if value is not None and numpy.asarray(value).dtype != object:
-                order = value
-        if order is None and bool(items.get('seeded_order', False)):
-            order = order_samplers.seeded_order(
-                order_samplers.pass_seed(int(items['seed']),
-                                         int(items['reset_count'])),
-                int(items['epoch']), int(items['dataset_length']))
-        if order is not None or (writes_none and chainers):
-            items[key] = order
-        return items
-
     def _save_snapshot(self, serializer):
-        """Write the snapshot in chainiter's layout: a seeded order is
-        named by ``seeded_order`` and the seed, not stored."""
-        state = self._state
-        serializer('format_version', SNAPSHOT_FORMAT_VERSION)
-        serializer('current_position', state.current_position)
-        serializer('epoch', state.epoch)
-        serializer('is_new_epoch', state.is_new_epoch)
-        if isinstance(state.order, order_samplers.SeededPermutation):
-            serializer('seeded_order', True)
-        elif state.order is not None:
-            serializer('order', state.order)
-        serializer('previous_epoch_detail', state.previous_epoch_detail)
-        serializer('seed', self._seed)
-        serializer('reset_count', self._resets)
-        serializer('dataset_length', len(self.dataset))
-        if self._shard is not None:
-            serializer('shard_size', self._shard.size)
-            serializer('global_batch_size', self.global_batch_size)
-        if state.sampler_state is not None:
-            child = serializer['order_sampler']
-            for key, value in state.sampler_state.items():
-                child(key, value)
+        shard = self._shard
+        _snapshot.save(serializer, self._state, self._seed, self._resets,
+                       len(self.dataset), None if shard is None else
+                       shard.size, self.global_batch_size)
 
     def _load_snapshot(self, serializer):
         """Read a snapshot, check every field, then adopt it; a snapshot
         that fails leaves the iterator (and its order sampler) as it was."""
-        def read(key):
-            try:
-                value = serializer(key, None)
-            except KeyError:
-                return None
-            return None if value is None else numpy.asarray(value)
-
-        def required(key):
-            value = read(key)
-            if value is None:
-                raise SnapshotMismatchError(
-                    'the snapshot has no {!r}; it is not an iterator '
-                    'snapshot, or the iterator lies under a path (pass '
-                    'path=, e.g. "updater/iterator:main/")'.format(key))
-            return value
-
-        n = len(self.dataset)
-        version = read('format_version')
-        if version is not None and _integer(version, 'format_version') > \
-                SNAPSHOT_FORMAT_VERSION:
-            raise SnapshotMismatchError(
-                'the snapshot has format version {}, newer than this '
-                'chainiter understands ({}); upgrade chainiter'.format(
-                    int(version), SNAPSHOT_FORMAT_VERSION))
-        length = read('dataset_length')
-        if length is not None and _integer(length, 'dataset_length') != n:
-            raise SnapshotMismatchError(
-                'the snapshot was written for a dataset of length {}, but '
-                'this iterator\'s dataset has length {}'.format(int(length), n))
-        position = _integer(required('current_position'), 'current_position')
-        epoch = _integer(required('epoch'), 'epoch')
-        is_new_epoch = _flag(required('is_new_epoch'), 'is_new_epoch')
-        seeded = read('seeded_order')
-        seeded = seeded is not None and _flag(seeded, 'seeded_order')
-        order = read('order')
-        if order is None:
-            order = read('_order')
-        if seeded and not self._shuffle:
-            raise SnapshotMismatchError(
-                'the snapshot was written by an iterator whose order follows '
-                'from its seed (shuffle=True), but this iterator {}; build '
-                'it with shuffle=True and no order_sampler to load it'.format(
-                    'uses an order_sampler' if self.order_sampler is not None
-                    else 'does not shuffle'))
-        shuffles = self._shuffle or self.order_sampler is not None
-        if order is None and shuffles and not seeded:
-            raise SnapshotMismatchError(
-                'the snapshot has no order, so it was written by an iterator '
-                'that does not shuffle; this one shuffles. Build the iterator '
-                'with shuffle=False to load it')
-        if order is not None:
-            if not shuffles:
-                raise SnapshotMismatchError(
-                    'the snapshot holds a shuffled order, but this iterator '
-                    'does not shuffle; build it with shuffle=True (or the '
-                    'same order_sampler) to load it')
-            order = self._snapshot_order(order, n)
-        size = n if order is None else len(order)
-        if not 0 <= position <= size or epoch < 0:
-            raise SnapshotMismatchError(
-                'the snapshot position (epoch {}, position {}) does not fit '
-                'an epoch of {} examples'.format(epoch, position, size))
-        seed = read('seed')
-        if seed is not None:
-            seed = _integer(seed, 'seed')
-            if not 0 <= seed < 2 ** 63:
-                raise SnapshotMismatchError(
-                    'the snapshot has seed {}; a seed is in [0, 2**63)'.format(
-                        seed))
-        self._check_shard_fields(read)
-        resets = read('reset_count')
-        resets = 0 if resets is None else _integer(resets, 'reset_count')
-        if resets < 0:
-            raise SnapshotMismatchError(
-                'the snapshot has reset_count {}; it must be >= 0'.format(
-                    resets))
-        previous = read('previous_epoch_detail')
-        if previous is not None:
-            previous = _real(previous, 'previous_epoch_detail')
-        else:
-            # Snapshots of old Chainer versions lack it; guess as Chainer does.
-            previous = epoch + (position - self.global_batch_size) / max(
-                size, 1)
-            if epoch + position / max(size, 1) > 0:
-                previous = max(previous, 0.0)
-            else:
-                previous = _state.NO_PREVIOUS_EPOCH_DETAIL
-        sampler_state = None
+        read = _snapshot.read(serializer, _snapshot.Target(
+            len(self.dataset), self._shuffle, self.order_sampler is not None,
+            self.global_batch_size, self._seed if self._shard is not None
+            and self._seed_given else None))
         # From here the order sampler may hold the snapshot's state, and
         # an interrupt leave it there: the next next() restores it from
         # the state in force.
         self._stale = True
-        if getattr(self.order_sampler, 'serialize', None) is not None:
-            before = self._capture_sampler()
-            try:
-                self.order_sampler.serialize(serializer['order_sampler'])
-            except KeyError:
-                pass  # written without sampler state (e.g. by Chainer)
-            except Exception as e:
-                self._restore_sampler(before)
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order_sampler state does not fit this '
-                    'iterator\'s order sampler ({}: {})'.format(
-                        type(e).__name__, e)) from e
-            sampler_state = self._capture_sampler()
-        if self._shard is not None and self._seed_given and \
-                seed is not None and seed != self._seed:
-            raise SnapshotMismatchError(
-                'the snapshot was written with seed {}, but this sharded '
-                'iterator was built with seed={}: every rank must load the '
-                'same run. Build it with seed={} (or seed=None) to load '
-                'it'.format(seed, self._seed, seed))
-        if seeded:
-            if seed is None:
-                raise SnapshotMismatchError(
-                    'the snapshot says its order follows from the seed, but '
-                    'it holds no seed')
-            derived = order_samplers.SeededPermutation(
-                order_samplers.pass_seed(seed, resets), epoch, n)
-            if order is not None and not numpy.array_equal(order, derived):
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order is not the one its seed gives for '
-                    'epoch {}; the snapshot is corrupt'.format(epoch))
-            order = derived
+        sampler_state = self._load_sampler(serializer)
         # Everything fits: adopt it, all of it or nothing (no call between
         # the stores).
         self._drop_pending()
-        state = _state.IteratorState(position, epoch, is_new_epoch, order,
-                                     previous, sampler_state)
+        state = read.state._replace(sampler_state=sampler_state)
         self._seed, self._resets, self._state, self._ahead = \
-            self._seed if seed is None else seed, resets, state, state
+            self._seed if read.seed is None else read.seed, read.resets, \
+            state, state
 
-    def _check_shard_fields(self, read):
-        """A snapshot of a sharded iterator loads on any number of ranks
-        with any batch size (elastic): the state is the global position.
-        Its shard fields are checked for sense only."""
-        size, global_batch = read('shard_size'), read('global_batch_size')
-        if (size is None) != (global_batch is None):
-            raise SnapshotMismatchError(
-                'the snapshot has {} but not {}; it is corrupt'.format(
-                    *(('shard_size', 'global_batch_size') if
-                      global_batch is None else
-                      ('global_batch_size', 'shard_size'))))
-        if size is None:
-            return
-        size = _integer(size, 'shard_size')
-        global_batch = _integer(global_batch, 'global_batch_size')
-        if size < 1 or global_batch < 1 or global_batch % size:
-            raise SnapshotMismatchError(
-                'the snapshot has shard_size {} and global_batch_size {}: '
-                'a global batch is shard_size (>= 1) times the batch size '
-                '(>= 1); the snapshot is corrupt'.format(size, global_batch))
-
-    def _snapshot_order(self, order, n):
-        if order.ndim == 0 and order.dtype == object:
-            return None   # Chainer writes None as a 0-d object array
-        if order.ndim != 1 or order.dtype.kind not in 'iu':
-            raise SnapshotMismatchError(
-                'the snapshot\'s order must be a 1-d array of integers, got '
-                'shape {} of dtype {}'.format(order.shape, order.dtype))
-        # An order sampler's epoch may be longer or shorter than the
-        # dataset; a seeded shuffle's is a permutation of it.
-        if self._shuffle:
-            if len(order) != n:
-                raise SnapshotMismatchError(
-                    'the snapshot was written for a dataset of length {} '
-                    '(its order has {} entries), but this iterator\'s '
-                    'dataset has length {}'.format(len(order), len(order), n))
-            if n and 0 <= order.min() and order.max() < n and \
-                    numpy.bincount(order, minlength=n).max() > 1:
-                raise SnapshotMismatchError(
-                    'the snapshot\'s order repeats indices; a shuffled '
-                    'order is a permutation of range({})'.format(n))
+    def _load_sampler(self, serializer):
+        """Load the order sampler's state from the snapshot, if it has one,
+        and return it (None for a sampler without state).  A state that
+        does not fit leaves the sampler as it was."""
+        if getattr(self.order_sampler, 'serialize', None) is None:
+            return None
+        before = _orders.capture(self.order_sampler)
         try:
-            return _state.check_order(order, n)
-        except ValueError as e:
+            self.order_sampler.serialize(serializer['order_sampler'])
+        except KeyError:
+            pass  # written without sampler state (e.g. by Chainer)
+        except Exception as e:
+            _orders.restore(self.order_sampler, before)
             raise SnapshotMismatchError(
-                'the snapshot\'s order does not fit this iterator\'s '
-                'dataset of length {}: {}'.format(n, e)) from e
+                'the snapshot\'s order_sampler state does not fit this '
+                'iterator\'s order sampler ({}: {})'.format(
+                    type(e).__name__, e)) from e
+        return _orders.capture(self.order_sampler)
 
     # ---- copies and pickles ---------------------------------------------
 
@@ -869,8 +512,8 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
 
     def __setstate__(self, pickled):
         self.__dict__.update(pickled)
-        self._pending = collections.deque()
-        self._orders = {}
+        self._pending = PendingBatches()
+        self._orders = _orders.RecentOrders(KEPT_ORDERS)
         self._busy = False
         self._stale = False
         self._finalized = False

@@ -1,4 +1,6 @@
-"""Sharding, pure: which rows of each global batch one rank loads.
+"""Sharding: which rank this is (``resolve``: the ``shard=`` argument, the
+launcher's environment, a communicator) and, pure, which rows of each global
+batch one rank loads.
 
 ::
 
@@ -158,6 +160,93 @@ def from_environment(environ: Optional[Mapping[str, str]] = None) -> Shard:
                 'the environment says {}={!r}, {}={!r}: {}'.format(
                     rank_name, rank, size_name, size, e)) from None
     return Shard(0, 1)
+
+
+def resolve(shard, seed, drawn, same):
+    """``(Shard, seed)`` for the ``shard=`` argument: ``(rank, size)``,
+    ``'auto'`` (the launcher's environment variables) or a communicator,
+    whose ranks check in one message that they agree on the seed and on
+    ``same`` (``(name, value)`` pairs: batch size, dataset length...), and
+    take rank 0's seed where none was given (``agree``).  Without a
+    communicator there is no one to ask."""
+    if isinstance(shard, str):
+        if shard != 'auto':
+            raise ValueError(
+                "shard must be (rank, size), 'auto' or a communicator, got "
+                "{!r}".format(shard))
+        where = from_environment()
+    elif isinstance(shard, (tuple, list)):
+        if len(shard) != 2:
+            raise ValueError(
+                'shard=(rank, size) takes two ints, got {!r}'.format(shard))
+        where = check_shard(*shard)
+    else:
+        from chainiter.distributed import _comm   # never imports mpi4py
+        if not _comm.is_communicator(shard):
+            raise TypeError(
+                "shard must be (rank, size), 'auto' or an mpi4py or ChainerMN "
+                "communicator, got {!r}".format(shard))
+        where = check_shard(*_comm.rank_size(shard))
+        if where.size > 1:
+            drawn = agree(shard, seed is not None, drawn, same)
+        return where, drawn
+    if seed is None and where.size > 1:
+        raise ValueError(
+            'a sharded iterator needs the same seed on every rank: pass '
+            'seed= (the same int on every rank), or shard=comm (an mpi4py '
+            'communicator) so that rank 0\'s seed is sent to the others; '
+            'got seed=None with shard={!r} (rank {} of {})'.format(
+                shard, where.rank, where.size))
+    return where, drawn
+
+
+def agree(comm, given, seed, same):
+    """The seed of every rank of ``comm``: its own where every rank passed
+    the same, rank 0's where none passed one.  One allgather of ``(given,
+    seed, *values)``; where the ranks differ (``seed=1234 + rank``, another
+    batch size or dataset), their shares of the global order would overlap
+    or leave examples out, so every rank raises the same ``ValueError``,
+    naming each rank's values."""
+    from chainiter.distributed import _comm   # never imports mpi4py
+    rows = _comm.allgather_small(
+        comm, (given, seed) + tuple(value for _, value in same))
+    seeds = [row[1] if row[0] else None for row in rows]
+    differ = []
+    seeds_differ = len(set(seeds)) > 1
+    if seeds_differ:
+        differ.append('seed ({})'.format(per_rank(seeds)))
+    for i, (name, _) in enumerate(same):
+        values = [row[2 + i] for row in rows]
+        if len(set(values)) > 1:
+            differ.append('{} ({})'.format(name, per_rank(values)))
+    if differ:
+        raise ValueError(
+            'the ranks of a sharded iterator take their shares of one global '
+            'order, so they need the same seed, batch size and dataset, but '
+            'these differ: {}. Pass the same values on every rank{}'.format(
+                ', '.join(differ), '' if not seeds_differ else
+                ' (or seed=None on all: rank 0\'s seed is sent); no rank '
+                'needs a seed of its own, since example_rng() differs per '
+                'example and each rank\'s workers seed their generators '
+                'apart'))
+    return int(rows[0][1])
+
+
+def per_rank(values, shown=6):
+    """``'4 on ranks 0, 1; 5 on rank 2'``: each value and its ranks."""
+    groups = {}
+    for rank, value in enumerate(values):
+        groups.setdefault(value, []).append(rank)
+    parts = []
+    for value, ranks in list(groups.items())[:shown]:
+        text = ', '.join(str(r) for r in ranks[:4])
+        if len(ranks) > 4:
+            text += ', ... ({} ranks)'.format(len(ranks))
+        parts.append('{!r} on rank{} {}'.format(
+            value, 's' if len(ranks) > 1 else '', text))
+    if len(groups) > shown:
+        parts.append('{} more values'.format(len(groups) - shown))
+    return '; '.join(parts)
 
 
 def share(rows, size):

@@ -21,7 +21,8 @@ class MultithreadIterator(DatasetIterator):
 
     While the user works on batch ``k``, the threads load batch ``k + 1``.
     Arguments are those of ``SerialIterator`` (``shard`` too) plus
-    ``n_threads`` (threads in the pool).  ``finalize()`` (or leaving ``with``) joins the threads.
+    ``n_threads`` (threads in the pool).  ``finalize()`` (or leaving
+    ``with``) joins the threads.
     """
 
     _prefetch_depth = 1
@@ -87,12 +88,12 @@ class MultithreadIterator(DatasetIterator):
         return batch
 
     def _ready_batches(self):
-        return sum(1 for _, futures in self._pending
+        return sum(1 for futures in self._pending.handles()
                    if isinstance(futures, list)
                    and all(future.done() for future in futures))
 
     def _drop_pending(self):
-        for _, futures in self._pending:
+        for futures in self._pending.handles():
             for future in futures if isinstance(futures, list) else ():
                 future.cancel()
         super()._drop_pending()

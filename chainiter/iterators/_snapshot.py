@@ -1,0 +1,363 @@
+"""The snapshot codec, pure: an iterator's state to a snapshot's fields and
+back.
+
+::
+
+    save(serializer, state, ...)       the fields of chainiter's layout
+    read(serializer, Target) ──► Snapshot(state, seed, resets)
+                                       every field checked against the
+                                       iterator that loads it, or a
+                                       SnapshotMismatchError
+    as_chainer_writes(items, ...)      the epoch's order as Chainer writes it
+
+The layout (``FORMAT_VERSION``): ``current_position``, ``epoch``,
+``is_new_epoch``, ``previous_epoch_detail``, ``seed``, ``reset_count``,
+``dataset_length``; the epoch's order as ``order`` (an order sampler's), or
+named by ``seeded_order`` (a seeded shuffle's, a pure function of the seed);
+a sharded iterator adds ``shard_size`` and ``global_batch_size``.  An order
+sampler's own state lies under ``order_sampler``: the iterator reads it
+(``DatasetIterator._load_snapshot``), as it changes the sampler.
+
+``read`` changes nothing: the iterator adopts its value all at once.
+"""
+
+import typing
+from typing import Optional
+
+import numpy
+
+from chainiter.errors import SnapshotMismatchError
+from chainiter.iterators import _state, order_samplers
+
+#: Version of the snapshot layout written by ``save`` (3: a seeded
+#: shuffle's order is named by ``seeded_order``, not stored; a sharded
+#: iterator adds ``shard_size`` and ``global_batch_size``, which older
+#: versions ignore).
+FORMAT_VERSION = 3
+
+
+def is_deserializer(serializer):
+    """Whether ``serializer`` reads (ours and Chainer's alike)."""
+    return any(cls.__name__ == 'Deserializer'
+               for cls in type(serializer).__mro__)
+
+
+def is_chainers(serializer):
+    """Whether ``serializer`` is Chainer's: they derive from the classes of
+    chainer.serializer (known by their module: Chainer is never imported
+    to ask)."""
+    return any(cls.__module__ == 'chainer.serializer'
+               for cls in type(serializer).__mro__)
+
+
+class Target(typing.NamedTuple):
+    """The iterator a snapshot is read for; the snapshot must fit it."""
+    dataset_length: int
+    shuffle: bool           # a seeded shuffle
+    sampler: bool           # an order sampler
+    global_batch_size: int
+    #: The seed a sharded iterator was built with (every rank must load
+    #: the same run), else None.
+    pinned_seed: Optional[int] = None
+
+
+class Snapshot(typing.NamedTuple):
+    """What ``read`` found: the state (with no ``sampler_state``), the seed
+    (None where the snapshot holds none: the iterator keeps its own) and
+    the number of resets."""
+    state: _state.IteratorState
+    seed: Optional[int]
+    resets: int
+
+
+# ---- writing -------------------------------------------------------------
+
+def save(serializer, state, seed, resets, dataset_length, shard_size=None,
+         global_batch_size=None):
+    """Write ``state`` in chainiter's layout: a seeded order is named by
+    ``seeded_order`` and the seed, not stored.  ``shard_size`` and
+    ``global_batch_size`` are those of a sharded iterator, else None."""
+    serializer('format_version', FORMAT_VERSION)
+    serializer('current_position', state.current_position)
+    serializer('epoch', state.epoch)
+    serializer('is_new_epoch', state.is_new_epoch)
+    if isinstance(state.order, order_samplers.SeededPermutation):
+        serializer('seeded_order', True)
+    elif state.order is not None:
+        serializer('order', state.order)
+    serializer('previous_epoch_detail', state.previous_epoch_detail)
+    serializer('seed', seed)
+    serializer('reset_count', resets)
+    serializer('dataset_length', dataset_length)
+    if shard_size is not None:
+        serializer('shard_size', shard_size)
+        serializer('global_batch_size', global_batch_size)
+    if state.sampler_state is not None:
+        child = serializer['order_sampler']
+        for key, value in state.sampler_state.items():
+            child(key, value)
+
+
+def as_chainer_writes(items, chainer_order, chainers):
+    """``items`` (a snapshot in chainiter's layout, as ``state_dict()`` has
+    it) with the epoch's order as Chainer's iterator of this kind writes
+    it: a seeded order written out, under Chainer's key ``chainer_order =
+    (key, writes_none)`` (``_order`` for MultithreadIterator), and None
+    where Chainer writes it (into Chainer's serializers only, ``chainers``:
+    chainiter's snapshots hold no pickled value).  The seed stays:
+    chainiter reading it back keeps its seed, Chainer reads only the keys
+    it knows."""
+    items = dict(items)
+    key, writes_none = chainer_order
+    order = None
+    for name in ('order', '_order'):
+        value = items.pop(name, None)
+        if value is not None and numpy.asarray(value).dtype != object:
+            order = value
+    if order is None and bool(items.get('seeded_order', False)):
+        order = order_samplers.seeded_order(
+            order_samplers.pass_seed(int(items['seed']),
+                                     int(items['reset_count'])),
+            int(items['epoch']), int(items['dataset_length']))
+    if order is not None or (writes_none and chainers):
+        items[key] = order
+    return items
+
+
+# ---- reading -------------------------------------------------------------
+
+def read(serializer, target: Target) -> Snapshot:
+    """The snapshot in ``serializer``, every field checked against
+    ``target``; a ``SnapshotMismatchError`` says what does not fit."""
+    n = target.dataset_length
+    version = field(serializer, 'format_version')
+    if version is not None and integer(version, 'format_version') > \
+            FORMAT_VERSION:
+        raise SnapshotMismatchError(
+            'the snapshot has format version {}, newer than this '
+            'chainiter understands ({}); upgrade chainiter'.format(
+                int(version), FORMAT_VERSION))
+    length = field(serializer, 'dataset_length')
+    if length is not None and integer(length, 'dataset_length') != n:
+        raise SnapshotMismatchError(
+            'the snapshot was written for a dataset of length {}, but '
+            'this iterator\'s dataset has length {}'.format(int(length), n))
+    position = integer(required(serializer, 'current_position'),
+                       'current_position')
+    epoch = integer(required(serializer, 'epoch'), 'epoch')
+    is_new_epoch = flag(required(serializer, 'is_new_epoch'),
+                        'is_new_epoch')
+    seeded, order = _order(serializer, target)
+    size = n if order is None else len(order)
+    if not 0 <= position <= size or epoch < 0:
+        raise SnapshotMismatchError(
+            'the snapshot position (epoch {}, position {}) does not fit '
+            'an epoch of {} examples'.format(epoch, position, size))
+    seed = _seed(serializer)
+    check_shard_fields(serializer)
+    resets = field(serializer, 'reset_count')
+    resets = 0 if resets is None else integer(resets, 'reset_count')
+    if resets < 0:
+        raise SnapshotMismatchError(
+            'the snapshot has reset_count {}; it must be >= 0'.format(
+                resets))
+    previous = field(serializer, 'previous_epoch_detail')
+    if previous is not None:
+        previous = real(previous, 'previous_epoch_detail')
+    else:
+        previous = guess_previous_epoch_detail(
+            epoch, position, size, target.global_batch_size)
+    pinned = target.pinned_seed
+    if pinned is not None and seed is not None and seed != pinned:
+        raise SnapshotMismatchError(
+            'the snapshot was written with seed {}, but this sharded '
+            'iterator was built with seed={}: every rank must load the '
+            'same run. Build it with seed={} (or seed=None) to load '
+            'it'.format(seed, pinned, seed))
+    if seeded:
+        order = _seeded_order(order, seed, resets, epoch, n)
+    return Snapshot(_state.IteratorState(position, epoch, is_new_epoch,
+                                         order, previous), seed, resets)
+
+
+def field(serializer, key):
+    """The field ``key`` as an array, or None where the snapshot has
+    none."""
+    try:
+        value = serializer(key, None)
+    except KeyError:
+        return None
+    return None if value is None else numpy.asarray(value)
+
+
+def required(serializer, key):
+    value = field(serializer, key)
+    if value is None:
+        raise SnapshotMismatchError(
+            'the snapshot has no {!r}; it is not an iterator '
+            'snapshot, or the iterator lies under a path (pass '
+            'path=, e.g. "updater/iterator:main/")'.format(key))
+    return value
+
+
+def guess_previous_epoch_detail(epoch, position, size, global_batch_size):
+    """``previous_epoch_detail`` where a snapshot lacks it (old Chainer
+    versions): guessed as Chainer does."""
+    previous = epoch + (position - global_batch_size) / max(size, 1)
+    if epoch + position / max(size, 1) > 0:
+        return max(previous, 0.0)
+    return _state.NO_PREVIOUS_EPOCH_DETAIL
+
+
+def _order(serializer, target):
+    """``(seeded, order)``: whether the snapshot's order follows from its
+    seed, and the order it holds (None: none, or the identity)."""
+    seeded = field(serializer, 'seeded_order')
+    seeded = seeded is not None and flag(seeded, 'seeded_order')
+    order = field(serializer, 'order')
+    if order is None:
+        order = field(serializer, '_order')
+    if seeded and not target.shuffle:
+        raise SnapshotMismatchError(
+            'the snapshot was written by an iterator whose order follows '
+            'from its seed (shuffle=True), but this iterator {}; build '
+            'it with shuffle=True and no order_sampler to load it'.format(
+                'uses an order_sampler' if target.sampler
+                else 'does not shuffle'))
+    shuffles = target.shuffle or target.sampler
+    if order is None and shuffles and not seeded:
+        raise SnapshotMismatchError(
+            'the snapshot has no order, so it was written by an iterator '
+            'that does not shuffle; this one shuffles. Build the iterator '
+            'with shuffle=False to load it')
+    if order is not None:
+        if not shuffles:
+            raise SnapshotMismatchError(
+                'the snapshot holds a shuffled order, but this iterator '
+                'does not shuffle; build it with shuffle=True (or the '
+                'same order_sampler) to load it')
+        order = check_order(order, target.dataset_length, target.shuffle)
+    return seeded, order
+
+
+def check_order(order, n, permutation):
+    """The snapshot's ``order`` for a dataset of ``n`` examples (None for
+    Chainer's None): any epoch's length for an order sampler's, a
+    ``permutation`` of ``range(n)`` for a seeded shuffle's."""
+    if order.ndim == 0 and order.dtype == object:
+        return None   # Chainer writes None as a 0-d object array
+    if order.ndim != 1 or order.dtype.kind not in 'iu':
+        raise SnapshotMismatchError(
+            'the snapshot\'s order must be a 1-d array of integers, got '
+            'shape {} of dtype {}'.format(order.shape, order.dtype))
+    if permutation:
+        if len(order) != n:
+            raise SnapshotMismatchError(
+                'the snapshot was written for a dataset of length {} '
+                '(its order has {} entries), but this iterator\'s '
+                'dataset has length {}'.format(len(order), len(order), n))
+        if n and 0 <= order.min() and order.max() < n and \
+                numpy.bincount(order, minlength=n).max() > 1:
+            raise SnapshotMismatchError(
+                'the snapshot\'s order repeats indices; a shuffled '
+                'order is a permutation of range({})'.format(n))
+    try:
+        return _state.check_order(order, n)
+    except ValueError as e:
+        raise SnapshotMismatchError(
+            'the snapshot\'s order does not fit this iterator\'s '
+            'dataset of length {}: {}'.format(n, e)) from e
+
+
+def _seed(serializer):
+    seed = field(serializer, 'seed')
+    if seed is None:
+        return None
+    seed = integer(seed, 'seed')
+    if not 0 <= seed < 2 ** 63:
+        raise SnapshotMismatchError(
+            'the snapshot has seed {}; a seed is in [0, 2**63)'.format(seed))
+    return seed
+
+
+def _seeded_order(order, seed, resets, epoch, n):
+    """The order the seed gives (checked against the one the snapshot
+    holds, if any)."""
+    if seed is None:
+        raise SnapshotMismatchError(
+            'the snapshot says its order follows from the seed, but '
+            'it holds no seed')
+    derived = order_samplers.SeededPermutation(
+        order_samplers.pass_seed(seed, resets), epoch, n)
+    if order is not None and not numpy.array_equal(order, derived):
+        raise SnapshotMismatchError(
+            'the snapshot\'s order is not the one its seed gives for '
+            'epoch {}; the snapshot is corrupt'.format(epoch))
+    return derived
+
+
+def check_shard_fields(serializer):
+    """A snapshot of a sharded iterator loads on any number of ranks
+    with any batch size (elastic): the state is the global position.
+    Its shard fields are checked for sense only."""
+    size = field(serializer, 'shard_size')
+    global_batch = field(serializer, 'global_batch_size')
+    if (size is None) != (global_batch is None):
+        raise SnapshotMismatchError(
+            'the snapshot has {} but not {}; it is corrupt'.format(
+                *(('shard_size', 'global_batch_size') if
+                  global_batch is None else
+                  ('global_batch_size', 'shard_size'))))
+    if size is None:
+        return
+    size = integer(size, 'shard_size')
+    global_batch = integer(global_batch, 'global_batch_size')
+    if size < 1 or global_batch < 1 or global_batch % size:
+        raise SnapshotMismatchError(
+            'the snapshot has shard_size {} and global_batch_size {}: '
+            'a global batch is shard_size (>= 1) times the batch size '
+            '(>= 1); the snapshot is corrupt'.format(size, global_batch))
+
+
+# ---- fields --------------------------------------------------------------
+
+def _scalar(value, key):
+    if value.shape != ():
+        raise SnapshotMismatchError(
+            'the snapshot\'s {} must be a single number, got an array of '
+            'shape {}'.format(key, value.shape))
+    return value
+
+
+def integer(value, key):
+    """A snapshot field that must be an integer (integral floats, as a
+    state dict passed through JSON has them, are taken)."""
+    value = _scalar(value, key)
+    kind = value.dtype.kind
+    if kind in 'iu' or (kind == 'f' and numpy.isfinite(value)
+                        and float(value).is_integer()):
+        number = int(value)
+        if -2 ** 63 <= number < 2 ** 63:
+            return number
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be an integer, got {!r} of dtype {}'.format(
+            key, value.item(), value.dtype))
+
+
+def flag(value, key):
+    value = _scalar(value, key)
+    if value.dtype.kind == 'b' or (value.dtype.kind in 'iu'
+                                   and int(value) in (0, 1)):
+        return bool(value)
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be a bool, got {!r} of dtype {}'.format(
+            key, value.item(), value.dtype))
+
+
+def real(value, key):
+    value = _scalar(value, key)
+    if value.dtype.kind in 'iuf' and numpy.isfinite(value):
+        return float(value)
+    raise SnapshotMismatchError(
+        'the snapshot\'s {} must be a finite number, got {!r}'.format(
+            key, value.item()))
