@@ -1,7 +1,10 @@
 """The shared-memory slots a batch is written into, and their layouts.
 
-Each batch in flight owns a slot (a ``SharedBuffer`` of its own, allocated
-when a batch first needs one, at most ``n_prefetch + 2``).  Its pages are
+Each batch (or group of batches loaded as one) in flight owns a slot (a
+``SharedBuffer`` of its own, allocated when a batch first needs one).
+There are ``n_slots``: the deepest pipeline the iterator may tune to
+(``n_prefetch``, else ``MAX_PREFETCH_PER_WORKER`` per worker), plus the
+batch the user holds and one being handed out.  Its pages are
 reserved by the workers, not here: each worker that receives a slot
 reserves it (``posix_fallocate``) before it maps it, and uses it only
 when that worked; the main process only checks that the file system has
@@ -18,12 +21,17 @@ example does not fit (a stacked field without padding takes rows of any
 dtype and shape within its bytes: ``stacked_layout.py``); new buffers
 replace the old ones, whose slots stay for the batches still in flight or
 handed out from them and are unmapped as soon as those are gone.  So the
-memory is bounded by ``n_prefetch + 2`` slots of the largest layout (each
-field at most ``GROWTH`` times the largest row seen), plus the old slots
-that the user's arrays still view.
+memory is bounded by ``n_slots`` slots of the largest layout (each field
+at most ``GROWTH`` times the largest row seen), plus the old slots that
+the user's arrays still view.
 
-No processes or threads here: the pool calls it under its lock and sends
-what it allocates to the workers.
+No processes or threads here.  The pool calls it under its lock, from
+the main thread (``submit``, ``use_layout``, ``hand_out``) and from the
+receiver thread (a posted group's ``submit`` allocates slots there too;
+a batch read ahead views its slot there); it sends what it allocates to
+the workers.  The main thread alone calls ``fit``, ``hand_over`` and
+``keep``, without the lock (see their docstrings); ``retire_leased`` runs
+under the lock in the thread that forked.
 """
 
 import ctypes
@@ -47,7 +55,9 @@ _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
 # What a new slot must leave free of ``ulimit -n`` (a slot holds two
 # descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
 # the batches that then come by copy, and everything else).
-_SPARE_DESCRIPTORS = 32
+SPARE_DESCRIPTORS = 32
+# The old private name, until iterator.py imports SPARE_DESCRIPTORS.
+_SPARE_DESCRIPTORS = SPARE_DESCRIPTORS
 _SPARE_ADDRESS_SPACE = 64 * 2 ** 20
 
 
@@ -75,7 +85,7 @@ def _check_room(size):
     except ImportError:
         return
     left = descriptor_room()
-    if left is not None and left < _SPARE_DESCRIPTORS + 2:
+    if left is not None and left < SPARE_DESCRIPTORS + 2:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         raise OSError(errno.EMFILE, 'only {} file descriptors are left '
                       '(ulimit -n is {})'.format(left, soft))

@@ -43,6 +43,7 @@ def watch_parent(parent_pid, by_main_thread, thread=True):
     if not thread:
         return
     # Under forkserver the parent is the server, so also check by pid.
+
     def watch():
         while alive(parent_pid):
             time.sleep(PARENT_CHECK_S)
@@ -117,7 +118,6 @@ def _set_parent_death_signal():
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-
 
 
 #: ``seq`` of the message a worker sends when it cannot start.
@@ -284,4 +284,3 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         except (BrokenPipeError, EOFError, ConnectionResetError):
             return
         done += 1
-
