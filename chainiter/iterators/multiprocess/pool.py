@@ -10,6 +10,10 @@ exits and writes what the outboxes hold.  Workers are started by the
 launcher (``launch.py``): at construction, then only from the receiver
 thread, so that an interrupt in the main thread never cuts a start
 short.
+
+Which thread writes and reads what, under which lock: the table under
+"Threads" in ``__init__.py``.  Each method says which thread calls it;
+"under the lock": its caller holds ``self.lock``.
 """
 
 import collections
@@ -69,7 +73,8 @@ class Pool:
         self.events = []         # warnings to raise in the main thread
         self.posted = collections.deque()   # (generation, job): post()
         # Whether the receiver thread reads each finished batch's stacked
-        # arrays (``_read_ahead``): set while batches go in groups.
+        # arrays (``_read_ahead``): set while batches go in groups
+        # (``set_read_ahead``).
         self.read_ahead = False
         self.closed = False
         # The worker whose messages are being changed: when an exception
@@ -117,6 +122,8 @@ class Pool:
     # ---- workers ---------------------------------------------------------
 
     def start_worker(self):
+        """Start one worker (the main thread while the pool is built,
+        then the receiver thread, under the lock)."""
         worker_id = self._next_worker_id % self._n_workers
         self._next_worker_id += 1
         worker = Worker(worker_id, self.launcher.start(worker_id))
@@ -172,10 +179,13 @@ class Pool:
             self._send_task(task)
 
     def _retire(self, worker):
+        """It takes no more tasks (either thread, under the lock)."""
         self.book.retire(worker.key)
         worker.outbox.shut()
 
     def _send_task(self, task, main_thread=False):
+        """Record ``task`` for a worker and send it (either thread, under
+        the lock; ``main_thread``: the caller is the main thread)."""
         # Recorded before it is sent: a task that may have been sent is
         # one whose slot is busy.
         key = self.book.assign(task)
@@ -194,7 +204,8 @@ class Pool:
             self._retire(worker)
 
     def _flushed(self):
-        """Wake the receiver thread when a message waits in an outbox."""
+        """Wake the receiver thread when a message waits in an outbox
+        (either thread, under the lock)."""
         if any(w.outbox.pending for w in self.workers.values()):
             self.receiver.want()
 
@@ -202,7 +213,7 @@ class Pool:
 
     def submit(self, step, seed, cuts=()):
         """Send a batch to the workers (after what was posted); returns
-        its handle, for ``wait``."""
+        its handle, for ``wait`` (main thread; takes the lock)."""
         # Uninterrupted: a Ctrl-C between recording a task and sending it
         # would leave it held by its worker for good (and its slot busy).
         # The wait for the lock stays interruptible.
@@ -219,13 +230,15 @@ class Pool:
         takes the caller's CPU, fall between the main thread's ``next()``
         calls, while it trains.  A job posted before ``new_generation`` is
         dropped.  Without ``wake`` the caller calls ``wake_posted`` in a
-        later ``next()``."""
+        later ``next()``.  (Main thread, without the lock: an append to
+        the deque is atomic.)"""
         self.posted.append((self.book.generation, job))
         if wake:
             self.wake_posted()
 
     def wake_posted(self):
-        """Have the receiver thread submit what was posted now."""
+        """Have the receiver thread submit what was posted now (main
+        thread, without the lock)."""
         # It does when it next wakes, as it does for each result while
         # batches are loading (and it does not rest); else it is woken
         # now.  The wake-up (a release of the lock it rests on) costs the
@@ -243,11 +256,12 @@ class Pool:
         thread) what a job raises is kept as its ``error``, for the main
         thread to raise from the ``next()`` that needs it (that ``next()``
         then rewinds, and the jobs after it are dropped with their
-        generation)."""
+        generation).  Takes the lock."""
         with self.lock, uninterrupted():
             self._submit_posted(keep_errors)
 
     def _submit_posted(self, keep_errors=False):
+        """``submit_posted``'s work (either thread, under the lock)."""
         posted = self.posted
         while posted:
             generation, job = posted.popleft()
@@ -283,6 +297,9 @@ class Pool:
         return batch.generation, batch.seq
 
     def _free_slot(self):
+        """A free slot for a new batch, or None (either thread, under the
+        lock: a posted group's slot is allocated in the receiver
+        thread)."""
         try:
             return self.slots.free(self.book.generation,
                                    self.book.busy_slots)
@@ -298,7 +315,9 @@ class Pool:
 
     def wait(self, handle, timeout):
         """The finished ``Batch`` of ``handle``; warns every ``timeout``
-        seconds while waiting."""
+        seconds while waiting (main thread, without the lock; the hand-out
+        counts for the active workers, which are the main thread's:
+        ``book.handed_out``)."""
         generation, seq = handle
         box = self._box
         waited = not box and self.ready.empty()
@@ -351,13 +370,15 @@ class Pool:
                 return batch
 
     def n_ready(self):
-        """The finished batches that wait in order for ``wait``."""
+        """The finished batches that wait in order for ``wait`` (main
+        thread)."""
         return self.ready.qsize() + len(self._box)
 
     def interrupted_waiting(self):
         """Whether the exception going up from ``wait`` (a Ctrl-C) came
         while it blocked with nothing taken: every batch in flight or
-        ready is then where it was, for the next ``wait``.  Asked once."""
+        ready is then where it was, for the next ``wait``.  Asked once
+        (main thread)."""
         waiting, self.waiting = self.waiting, False
         return waiting
 
@@ -366,7 +387,8 @@ class Pool:
         was read ahead (``_read_ahead``), else None, without waiting:
         whatever else is next stays for ``wait``.  The iterator takes a
         group's batch so while it hands out the group before, to spread
-        its bookkeeping over the ``next()`` calls."""
+        its bookkeeping over the ``next()`` calls.  (Main thread, without
+        the lock, as ``wait``.)"""
         if self.closed:
             return None
         box = self._box
@@ -385,6 +407,8 @@ class Pool:
         return batch
 
     def raise_events(self):
+        """Raise the warnings the pool kept (main thread; takes the lock
+        only when some wait)."""
         if not self.events:
             return
         with self.lock:
@@ -394,7 +418,8 @@ class Pool:
 
     def hand_out(self, batch):
         """Mark the batch's slot as viewed by the user; return the exporter
-        that every array of the hand-out must view (None: no slot)."""
+        that every array of the hand-out must view (None: no slot).  Main
+        thread; takes the lock for a batch not read ahead."""
         if batch.slot is None:
             return None
         if batch.prepared is not None:      # its exporter in the slot
@@ -406,7 +431,8 @@ class Pool:
         return exporter
 
     def new_generation(self):
-        """Drop every batch in flight (their results are ignored)."""
+        """Drop every batch in flight (their results are ignored).  Main
+        thread; takes the lock."""
         with self.lock, uninterrupted():
             if self._touched is not None:
                 # An exception interrupted a send: that worker finishes
@@ -426,7 +452,7 @@ class Pool:
         """Drop the finished batches waiting for ``wait`` (all of earlier
         generations now): those read ahead hold their slots while they
         are referenced.  What else waits there (an error, ``_CLOSED``)
-        stays."""
+        stays.  (Main thread, under the lock.)"""
         kept = [item for item in self._box if type(item) is not Batch]
         self._box.clear()
         while True:
@@ -440,18 +466,30 @@ class Pool:
             self.ready.put(item)
 
     def set_depth(self, depth):
-        """Batches in flight from now on (the chunking follows it)."""
+        """Batches in flight from now on (the chunking follows it).  Main
+        thread; takes the lock."""
         with self.lock:
             self.book.set_depth(depth)
 
     def use_layout(self, layout):
-        """Switch to buffers for ``layout`` (MemoryError: no room)."""
+        """Switch to buffers for ``layout`` (MemoryError: no room).  Main
+        thread; takes the lock."""
         with self.lock:
             self.slots.replace(layout)   # sent to each worker with a task
+
+    def set_read_ahead(self, on):
+        """Whether the receiver thread reads each finished batch ahead
+        from now on (``_read_ahead``).  Main thread; takes the lock, so
+        that the batches made ready together see one setting."""
+        with self.lock:
+            self.read_ahead = on
 
     # ---- called by the receiver thread, under the lock ---------------------
 
     def _put_ready(self, batches):
+        """Queue finished batches for ``wait`` (under the lock: the
+        receiver thread, or the main thread for a batch that fails as it
+        is submitted)."""
         for batch in batches:
             if self.read_ahead:
                 self._read_ahead(batch)
@@ -466,7 +504,8 @@ class Pool:
         example in its rows, one array per field.  The slot holds the
         exporter now, and is the batch's until ``hand_out``: it is free
         again once the arrays are gone and the batch is handed out or of
-        an earlier generation (``new_generation`` drops those waiting)."""
+        an earlier generation (``new_generation`` drops those waiting).
+        Under the lock, as ``_put_ready``."""
         if batch.failure is not None or batch.slot is None or \
                 batch.buffers.layout.mode != 'stacked':
             return
@@ -491,11 +530,13 @@ class Pool:
             self.slots.view(batch.slot, exporter)
 
     def on_result(self, worker, generation, seq, chunk, payload):
+        """A worker's result (receiver thread, under the lock)."""
         self._put_ready(self.book.on_result(worker.key, generation, seq,
                                             chunk, payload))
 
     def on_no_room(self, size, reason):
-        """A worker could not reserve a slot's memory (receiver thread)."""
+        """A worker could not reserve a slot's memory (receiver thread,
+        under the lock)."""
         if not self._warned_no_room:
             self._warned_no_room = True
             self.events.append((SharedMemoryWarning, (
@@ -507,7 +548,8 @@ class Pool:
 
     def on_startup_failure(self, worker, remote):
         """A worker could not start: start no more (they would fail the
-        same way, forever), and fail every batch with the real cause."""
+        same way, forever), and fail every batch with the real cause
+        (receiver thread, under the lock)."""
         if self.book.failure is not None:
             return
         cause = remote.exception
@@ -521,6 +563,7 @@ class Pool:
                 worker.id, remote.message), cause))
 
     def on_exit(self, launched):
+        """A worker has exited (receiver thread, under the lock)."""
         worker = self.workers.get(launched.key)
         if worker is None:
             return
@@ -571,6 +614,10 @@ class Pool:
     # ---- shutdown ----------------------------------------------------------
 
     def close(self):
+        """End the workers and the receiver thread and unmap the slots
+        (any thread: the main thread, or the one where a finalizer runs;
+        it stops the receiver thread before it touches what that
+        thread uses)."""
         if self.closed or os.getpid() != self.owner:
             # A forked child's copy: the workers and buffers are the
             # parent's, and its threads and locks are not usable here.
