@@ -43,7 +43,9 @@ One file, one idea:
 
 - ``iterator.py``: the iterator; turns steps into batches and back.
 - ``pool.py``: the worker processes, the book, the slots and the receiver,
-  under one lock; what the main thread calls.
+  under one lock; what the main thread calls.  ``pool_ready.py``: its
+  ready queue (``take``, batches read ahead); ``pool_workers.py``, under
+  the lock: its workers (starts, tasks sent, results, exits).
 - ``book.py``: pure bookkeeping (batches, chunks, generations, which worker
   holds which task, what a death means).
 - ``receiver.py``: the only thread that reads from the workers; it also
