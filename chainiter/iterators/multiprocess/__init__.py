@@ -65,6 +65,7 @@ One file, one idea:
   the workers cannot import (a notebook's classes, lambdas) goes by value,
   through cloudpickle (the one module that imports it).
 - ``slots.py``: the shared-memory slots, their leases and layouts;
+  ``room.py``: whether the process's limits leave room for one more;
   ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
   ``stacked_layout.py``, ``stacked_rows.py``, ``stacked_columns.py``,
   ``read.py``: where the arrays of a batch go in a slot, and how they are

@@ -36,7 +36,6 @@ under the lock in the thread that forked.
 
 import ctypes
 import errno
-import os
 import sys
 import weakref
 
@@ -44,63 +43,18 @@ import numpy
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter._interrupts import uninterrupted
+from chainiter.iterators.multiprocess.room import (  # NOQA: iterator.py
+    SPARE_DESCRIPTORS, check_room, descriptor_room)
 from chainiter.iterators.multiprocess.shm import SharedBuffer
+
+# The old private name, until iterator.py imports SPARE_DESCRIPTORS (and
+# descriptor_room) from room.py.
+_SPARE_DESCRIPTORS = SPARE_DESCRIPTORS
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 
 # Running out of these degrades to copies; other errors propagate.
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
-
-
-# What a new slot must leave free of ``ulimit -n`` (a slot holds two
-# descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
-# the batches that then come by copy, and everything else).
-SPARE_DESCRIPTORS = 32
-# The old private name, until iterator.py imports SPARE_DESCRIPTORS.
-_SPARE_DESCRIPTORS = SPARE_DESCRIPTORS
-_SPARE_ADDRESS_SPACE = 64 * 2 ** 20
-
-
-def descriptor_room():
-    """How many more files this process may open (``ulimit -n``), or
-    None when there is no limit or it cannot be read."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        return soft - len(os.listdir('/proc/self/fd'))
-    except OSError:
-        return soft
-
-
-def _check_room(size):
-    """OSError(EMFILE) or MemoryError when one more slot of ``size`` bytes
-    would leave less than the spares of the process's limits."""
-    try:
-        import resource
-    except ImportError:
-        return
-    left = descriptor_room()
-    if left is not None and left < SPARE_DESCRIPTORS + 2:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        raise OSError(errno.EMFILE, 'only {} file descriptors are left '
-                      '(ulimit -n is {})'.format(left, soft))
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        try:
-            with open('/proc/self/status') as f:
-                used = next(int(line.split()[1]) * 1024 for line in f
-                            if line.startswith('VmSize:'))
-        except (OSError, StopIteration, ValueError):
-            return
-        if soft - used < size + _SPARE_ADDRESS_SPACE:
-            raise MemoryError(
-                'only {} MiB of address space are left (ulimit -v / '
-                'RLIMIT_AS)'.format((soft - used) // 2 ** 20))
 
 
 class Slot:
@@ -215,7 +169,7 @@ class SlotPool:
         for slot in slots:
             if slot.shared is None:
                 try:
-                    _check_room(buffers.layout.slot_bytes)
+                    check_room(buffers.layout.slot_bytes)
                     with uninterrupted():
                         slot.shared = SharedBuffer.allocate(
                             buffers.layout.slot_bytes, reserve=False)
