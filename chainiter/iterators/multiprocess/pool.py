@@ -10,32 +10,33 @@ exits and writes what the outboxes hold.  Workers are started by the
 launcher (``launch.py``): at construction, then only from the receiver
 thread, so that an interrupt in the main thread never cuts a start
 short.
+
+``Pool`` is in three files: here its construction, what the main thread
+calls (``submit``, ``post``, ``wait``, ``hand_out``, ...) and ``close``;
+in ``pool_ready.py`` the ready queue (``take``, the batches read ahead);
+in ``pool_workers.py``, all under the lock, its workers (starting them,
+a batch cut into tasks and sent, their results and exits).  Which
+thread writes and reads what, under which lock: the table under
+"Threads" in ``__init__.py``.  Each method says which thread calls it;
+"under the lock": its caller holds ``self.lock``.
 """
 
 import collections
 import os
 import queue
-import time
 import threading
+import time
 import warnings
-
-import numpy
 
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
-    ChainiterError,
-    IteratorFinalizedError,
-    SharedMemoryWarning,
-    TimeoutWarning,
-    WorkerRestartWarning,
-)
-from chainiter.iterators.multiprocess import (
-    forks, read, receiver, share, wire)
-from chainiter.iterators.multiprocess.book import Batch, Book
+    ChainiterError, IteratorFinalizedError, TimeoutWarning)
+from chainiter.iterators.multiprocess import forks, receiver, share
+from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
-from chainiter.iterators.multiprocess.remote import RemoteTraceback
-from chainiter.iterators.multiprocess.worker_handle import Worker
+from chainiter.iterators.multiprocess.pool_ready import ReadyBatches
+from chainiter.iterators.multiprocess.pool_workers import PoolWorkers
 
 # Put in the ready queue by close(): wakes a next() waiting in another thread.
 _CLOSED = object()
@@ -44,9 +45,10 @@ _CLOSED = object()
 _BLOCK = (True,)
 
 
-class Pool:
+class Pool(PoolWorkers, ReadyBatches):
     """It holds no reference to the iterator, so that garbage collection of
-    the iterator finalizes the pool."""
+    the iterator finalizes the pool.  Its workers' side is in
+    ``pool_workers.py``, its ready queue's in ``pool_ready.py``."""
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_prefetch, slots, split=True, cpus=None):
@@ -69,7 +71,8 @@ class Pool:
         self.events = []         # warnings to raise in the main thread
         self.posted = collections.deque()   # (generation, job): post()
         # Whether the receiver thread reads each finished batch's stacked
-        # arrays (``_read_ahead``): set while batches go in groups.
+        # arrays (``_read_ahead``): set while batches go in groups
+        # (``set_read_ahead``).
         self.read_ahead = False
         self.closed = False
         # The worker whose messages are being changed: when an exception
@@ -114,95 +117,11 @@ class Pool:
             self.close()
             raise
 
-    # ---- workers ---------------------------------------------------------
-
-    def start_worker(self):
-        worker_id = self._next_worker_id % self._n_workers
-        self._next_worker_id += 1
-        worker = Worker(worker_id, self.launcher.start(worker_id))
-        self.book.add_worker(worker.key)
-        self.workers[worker.key] = worker
-        self.receiver.wake()       # so that it watches the new worker
-        if self.shared_arrays is not None:
-            message = self.shared_arrays.warning()
-            if message is not None:
-                self.events.append((SharedMemoryWarning, message))
-
-    def replenish(self):
-        """Start workers until enough take tasks; give them the tasks that
-        waited for one (receiver thread, under the lock)."""
-        if self.book.failure is not None or self.closed:
-            return
-        try:
-            while self.book.short_of_workers():
-                self.start_worker()
-        except OSError as e:
-            # Out of descriptors or processes: try again at the next look;
-            # give up only when no worker is left to load anything.
-            self._start_failures += 1
-            if self.book.accepting() and self._start_failures < 100:
-                if self._start_failures == 1:
-                    self.events.append((WorkerRestartWarning, (
-                        'a worker process could not be started ({}); the '
-                        'others go on, and it is tried again'.format(e))))
-            elif not self.book.accepting() and self._start_failures >= 10:
-                self._put_ready(self.book.fail_all(
-                    'no worker process could be started: {}. Raise the '
-                    'limit (ulimit -n for descriptors, ulimit -u for '
-                    'processes) or lower n_processes or n_prefetch'.format(
-                        e), e))
-                return
-            self.receiver.retry_later()
-        except Exception as e:
-            # Under spawn and forkserver the dataset is pickled for each
-            # worker (a replacement too: maxtasksperchild, a death), and
-            # that may fail the second time: another try would too.
-            self._put_ready(self.book.fail_all(
-                'a new worker process could not start: starting it raised '
-                '{}: {} (under the {!r} start method the dataset and '
-                'worker_init_fn are pickled for every worker, those that '
-                'replace a worker after maxtasksperchild or a death '
-                'too). No more workers are started; fix the cause and '
-                'build a new iterator'.format(
-                    type(e).__name__, e, self.method), e))
-            return
-        else:
-            self._start_failures = 0
-        for task in self.book.take_unassigned():
-            self._send_task(task)
-
-    def _retire(self, worker):
-        self.book.retire(worker.key)
-        worker.outbox.shut()
-
-    def _send_task(self, task, main_thread=False):
-        # Recorded before it is sent: a task that may have been sent is
-        # one whose slot is busy.
-        key = self.book.assign(task)
-        if self.book.short:
-            self.receiver.want()   # it starts workers
-        if key is None:
-            return
-        worker = self.workers[key]
-        if main_thread:            # only there may an interrupt land
-            self._touched = worker
-        worker.send_task(task, self.slots.buffers)
-        self._touched = None
-        if worker.outbox.dead:
-            # It died (its exit will give its tasks to others), or a write
-            # to it was cut short: it must take no more tasks.
-            self._retire(worker)
-
-    def _flushed(self):
-        """Wake the receiver thread when a message waits in an outbox."""
-        if any(w.outbox.pending for w in self.workers.values()):
-            self.receiver.want()
-
     # ---- the main thread's side -------------------------------------------
 
     def submit(self, step, seed, cuts=()):
         """Send a batch to the workers (after what was posted); returns
-        its handle, for ``wait``."""
+        its handle, for ``wait`` (main thread; takes the lock)."""
         # Uninterrupted: a Ctrl-C between recording a task and sending it
         # would leave it held by its worker for good (and its slot busy).
         # The wait for the lock stays interruptible.
@@ -219,13 +138,15 @@ class Pool:
         takes the caller's CPU, fall between the main thread's ``next()``
         calls, while it trains.  A job posted before ``new_generation`` is
         dropped.  Without ``wake`` the caller calls ``wake_posted`` in a
-        later ``next()``."""
+        later ``next()``.  (Main thread, without the lock: an append to
+        the deque is atomic.)"""
         self.posted.append((self.book.generation, job))
         if wake:
             self.wake_posted()
 
     def wake_posted(self):
-        """Have the receiver thread submit what was posted now."""
+        """Have the receiver thread submit what was posted now (main
+        thread, without the lock)."""
         # It does when it next wakes, as it does for each result while
         # batches are loading (and it does not rest); else it is woken
         # now.  The wake-up (a release of the lock it rests on) costs the
@@ -243,62 +164,15 @@ class Pool:
         thread) what a job raises is kept as its ``error``, for the main
         thread to raise from the ``next()`` that needs it (that ``next()``
         then rewinds, and the jobs after it are dropped with their
-        generation)."""
+        generation).  Takes the lock."""
         with self.lock, uninterrupted():
             self._submit_posted(keep_errors)
 
-    def _submit_posted(self, keep_errors=False):
-        posted = self.posted
-        while posted:
-            generation, job = posted.popleft()
-            if generation != self.book.generation:
-                continue
-            try:
-                job.handle = self._submit(*job.task())
-            except Exception as e:
-                if not keep_errors:
-                    raise
-                job.error = e
-
-    def _submit(self, step, seed, cuts):
-        book = self.book
-        # The receiver thread may rest when nothing is loading: it must
-        # read this batch's results.
-        idle = not book.inflight
-        slot = self._free_slot()
-        buffers = self.slots.buffers if slot is not None else None
-        batch, tasks = book.open_batch(
-            step, seed, slot, buffers,
-            -1 if slot is None else slot.index,
-            -1 if buffers is None else buffers.id, cuts)
-        if slot is not None:
-            slot.owner = (batch.generation, batch.seq)
-        if book.failure is not None:
-            self._put_ready(book.ready_failed(batch))
-        for task in tasks:
-            self._send_task(task, main_thread=True)
-        self._flushed()
-        if idle and self.receiver.resting:
-            self.receiver.nudge()
-        return batch.generation, batch.seq
-
-    def _free_slot(self):
-        try:
-            return self.slots.free(self.book.generation,
-                                   self.book.busy_slots)
-        except (MemoryError, OSError) as e:
-            self.events.append((SharedMemoryWarning, (
-                'no room for one more shared-memory slot ({} of the {} that '
-                'n_prefetch={} may use are in use), so batches that find no '
-                'free slot come by copy, which is slower; lower n_prefetch '
-                'or raise the limit: {}'.format(
-                    len(self.slots.buffers.allocated()), self.slots.n_slots,
-                    self.book.n_prefetch, e))))
-            return None
-
     def wait(self, handle, timeout):
         """The finished ``Batch`` of ``handle``; warns every ``timeout``
-        seconds while waiting."""
+        seconds while waiting (main thread, without the lock; the hand-out
+        counts for the active workers, which are the main thread's:
+        ``book.handed_out``)."""
         generation, seq = handle
         box = self._box
         waited = not box and self.ready.empty()
@@ -350,51 +224,10 @@ class Pool:
                                      len(batch.step))
                 return batch
 
-    def n_ready(self):
-        """The finished batches that wait in order for ``wait``."""
-        return self.ready.qsize() + len(self._box)
-
-    def interrupted_waiting(self):
-        """Whether the exception going up from ``wait`` (a Ctrl-C) came
-        while it blocked with nothing taken: every batch in flight or
-        ready is then where it was, for the next ``wait``.  Asked once."""
-        waiting, self.waiting = self.waiting, False
-        return waiting
-
-    def take(self, handle):
-        """The finished batch of ``handle`` when it is the next ready and
-        was read ahead (``_read_ahead``), else None, without waiting:
-        whatever else is next stays for ``wait``.  The iterator takes a
-        group's batch so while it hands out the group before, to spread
-        its bookkeeping over the ``next()`` calls."""
-        if self.closed:
-            return None
-        box = self._box
-        if not box:
-            try:
-                box.append(self.ready.get_nowait())
-            except queue.Empty:
-                return None
-        batch = box[0]
-        if type(batch) is not Batch or batch.prepared is None or \
-                batch.seq != handle[1] or batch.generation != handle[0]:
-            return None
-        box.clear()
-        self.receiver.consumed()
-        self.book.handed_out(False, time.perf_counter(), len(batch.step))
-        return batch
-
-    def raise_events(self):
-        if not self.events:
-            return
-        with self.lock:
-            events, self.events = self.events, []
-        for category, message in events:
-            warnings.warn(message, category, stacklevel=5)
-
     def hand_out(self, batch):
         """Mark the batch's slot as viewed by the user; return the exporter
-        that every array of the hand-out must view (None: no slot)."""
+        that every array of the hand-out must view (None: no slot).  Main
+        thread; takes the lock for a batch not read ahead."""
         if batch.slot is None:
             return None
         if batch.prepared is not None:      # its exporter in the slot
@@ -406,7 +239,8 @@ class Pool:
         return exporter
 
     def new_generation(self):
-        """Drop every batch in flight (their results are ignored)."""
+        """Drop every batch in flight (their results are ignored).  Main
+        thread; takes the lock."""
         with self.lock, uninterrupted():
             if self._touched is not None:
                 # An exception interrupted a send: that worker finishes
@@ -422,155 +256,32 @@ class Pool:
             self.waiting = False
         self.receiver.want()
 
-    def _drop_ready(self):
-        """Drop the finished batches waiting for ``wait`` (all of earlier
-        generations now): those read ahead hold their slots while they
-        are referenced.  What else waits there (an error, ``_CLOSED``)
-        stays."""
-        kept = [item for item in self._box if type(item) is not Batch]
-        self._box.clear()
-        while True:
-            try:
-                item = self.ready.get_nowait()
-            except queue.Empty:
-                break
-            if type(item) is not Batch:
-                kept.append(item)
-        for item in kept:
-            self.ready.put(item)
-
     def set_depth(self, depth):
-        """Batches in flight from now on (the chunking follows it)."""
+        """Batches in flight from now on (the chunking follows it).  Main
+        thread; takes the lock."""
         with self.lock:
             self.book.set_depth(depth)
 
     def use_layout(self, layout):
-        """Switch to buffers for ``layout`` (MemoryError: no room)."""
+        """Switch to buffers for ``layout`` (MemoryError: no room).  Main
+        thread; takes the lock."""
         with self.lock:
             self.slots.replace(layout)   # sent to each worker with a task
 
-    # ---- called by the receiver thread, under the lock ---------------------
-
-    def _put_ready(self, batches):
-        for batch in batches:
-            if self.read_ahead:
-                self._read_ahead(batch)
-            self.ready.put(batch)
-
-    def _read_ahead(self, batch):
-        """Read the stacked arrays of a finished batch now (in the
-        receiver thread, while the main thread trains), for ``hand_out``
-        and the iterator to take as they are (``batch.prepared``): the
-        ``next()`` that takes a group's first batch then does no more than
-        the others.  Only the common case: every chunk loaded, every
-        example in its rows, one array per field.  The slot holds the
-        exporter now, and is the batch's until ``hand_out``: it is free
-        again once the arrays are gone and the batch is handed out or of
-        an earlier generation (``new_generation`` drops those waiting)."""
-        if batch.failure is not None or batch.slot is None or \
-                batch.buffers.layout.mode != 'stacked':
-            return
-        chunks = []
-        for i in range(batch.n_chunks):
-            result = batch.results[i]
-            if result.error is not None:
-                return
-            if type(result.metas) is wire.Parts:     # a padded group's
-                chunks.extend(result.metas.metas)
-            else:
-                chunks.append(result.metas)
-        try:
-            exporter = self.slots.exporter(batch)
-            stacked, _, oversize = read.read_batch(
-                numpy.frombuffer(exporter, dtype=numpy.uint8),
-                batch.buffers.layout, chunks)
-        except Exception:
-            return      # the main thread reads it, and raises what it may
-        if stacked is not None and not oversize:
-            batch.prepared = (exporter, stacked)
-            self.slots.view(batch.slot, exporter)
-
-    def on_result(self, worker, generation, seq, chunk, payload):
-        self._put_ready(self.book.on_result(worker.key, generation, seq,
-                                            chunk, payload))
-
-    def on_no_room(self, size, reason):
-        """A worker could not reserve a slot's memory (receiver thread)."""
-        if not self._warned_no_room:
-            self._warned_no_room = True
-            self.events.append((SharedMemoryWarning, (
-                'a worker could not reserve a shared-memory slot of {:,} '
-                'bytes ({}): the file system that holds the buffers is '
-                'full, so the batches for that slot come by copy, which is '
-                'slower. Enlarge /dev/shm (e.g. docker run --shm-size=...) '
-                'or lower n_prefetch'.format(size, reason))))
-
-    def on_startup_failure(self, worker, remote):
-        """A worker could not start: start no more (they would fail the
-        same way, forever), and fail every batch with the real cause."""
-        if self.book.failure is not None:
-            return
-        cause = remote.exception
-        if cause is None:
-            cause = ChainiterError('{}: {}'.format(remote.type_name,
-                                                   remote.message))
-        cause.__cause__ = RemoteTraceback(remote.traceback)
-        self._put_ready(self.book.fail_all(
-            'worker process {} could not start: {}. No more workers are '
-            'started; fix the cause and build a new iterator'.format(
-                worker.id, remote.message), cause))
-
-    def on_exit(self, launched):
-        worker = self.workers.get(launched.key)
-        if worker is None:
-            return
-        self.receiver.drain(worker)  # results it sent before exiting
-        del self.workers[launched.key]
-        self.gone.append(worker)
-        code = launched.exitcode
-        how = 'an unknown exit status' if code is None else \
-            'exit code {}'.format(code) if code >= 0 else \
-            'signal {}'.format(-code)
-        if code == -9:
-            how += ' (SIGKILL: probably killed by the OOM killer)'
-        died_with = '(pid {}) died with {}'.format(launched.pid, how)
-        self.receiver.want()         # a new worker may be needed
-        if code == 1 and not worker.started and not self.closed:
-            # Python's own start-up failed (an exception before the worker
-            # ran): another worker would fail the same way.
-            self._put_ready(self.book.fail_all(
-                'worker process {} {} before it started: Python could not '
-                'start it (a worker prints the traceback). Under the {!r} '
-                'start method a worker first imports the main script (as '
-                '__mp_main__); most often the script builds the iterator at '
-                'top level, outside "if __name__ == \'__main__\':", and that '
-                'fails there. Put the script\'s code under that guard, or '
-                'use start_method="fork". No more workers are '
-                'started'.format(
-                    worker.id, died_with, self.method), None))
-        outcome = self.book.worker_exited(launched.key, code, died_with)
-        if self.closed:
-            return
-        if outcome.unexpected:
-            self.events.append((WorkerRestartWarning, (
-                'worker process {} {}; a new worker takes over and {} '
-                'unfinished chunk(s) are loaded again'.format(
-                    worker.id, died_with, len(outcome.lost)))))
-        self._put_ready(outcome.ready)
-        if not self.launcher.alive:
-            self._put_ready(self.book.fail_all(
-                'the process that starts the worker processes (pid {}) '
-                'died, and the workers with it; build a new iterator (a '
-                'snapshot taken before resumes exactly)'.format(
-                    self.launcher.process.pid), None))
-            return
-        self.replenish()
-        for task in outcome.lost:
-            self._send_task(task)
+    def set_read_ahead(self, on):
+        """Whether the receiver thread reads each finished batch ahead
+        from now on (``_read_ahead``).  Main thread; takes the lock, so
+        that the batches made ready together see one setting."""
+        with self.lock:
+            self.read_ahead = on
 
     # ---- shutdown ----------------------------------------------------------
 
     def close(self):
+        """End the workers and the receiver thread and unmap the slots
+        (any thread: the main thread, or the one where a finalizer runs;
+        it stops the receiver thread before it touches what that
+        thread uses)."""
         if self.closed or os.getpid() != self.owner:
             # A forked child's copy: the workers and buffers are the
             # parent's, and its threads and locks are not usable here.

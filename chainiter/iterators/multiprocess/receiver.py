@@ -133,7 +133,7 @@ class Receiver:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    # ---- the thread ----------------------------------------------------------
+    # ---- the thread --------------------------------------------------------
 
     def _may_rest(self):
         pool = self._pool

@@ -251,11 +251,12 @@ class SharedBuffer:
             if tried:
                 try:
                     warnings.warn(
-                        'shared-memory buffers of {} do not fit in {} ({} free), '
-                        'so they were placed in {}, which may be slower. Enlarge '
-                        '/dev/shm (e.g. docker run --shm-size=..., or mount -o '
-                        'remount,size=... /dev/shm) or lower n_prefetch, '
-                        'batch_size or shared_mem'.format(
+                        'shared-memory buffers of {} do not fit in {} ({} '
+                        'free), so they were placed in {}, which may be '
+                        'slower. Enlarge /dev/shm (e.g. docker run '
+                        '--shm-size=..., or mount -o remount,size=... '
+                        '/dev/shm) or lower n_prefetch, batch_size or '
+                        'shared_mem'.format(
                             _size_text(size), tried[0][0],
                             _size_text(tried[0][1]), directory),
                         SharedMemoryWarning, stacklevel=4)

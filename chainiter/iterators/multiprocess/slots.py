@@ -1,7 +1,10 @@
 """The shared-memory slots a batch is written into, and their layouts.
 
-Each batch in flight owns a slot (a ``SharedBuffer`` of its own, allocated
-when a batch first needs one, at most ``n_prefetch + 2``).  Its pages are
+Each batch (or group of batches loaded as one) in flight owns a slot (a
+``SharedBuffer`` of its own, allocated when a batch first needs one).
+There are ``n_slots``: the deepest pipeline the iterator may tune to
+(``n_prefetch``, else ``MAX_PREFETCH_PER_WORKER`` per worker), plus the
+batch the user holds and one being handed out.  Its pages are
 reserved by the workers, not here: each worker that receives a slot
 reserves it (``posix_fallocate``) before it maps it, and uses it only
 when that worked; the main process only checks that the file system has
@@ -18,17 +21,21 @@ example does not fit (a stacked field without padding takes rows of any
 dtype and shape within its bytes: ``stacked_layout.py``); new buffers
 replace the old ones, whose slots stay for the batches still in flight or
 handed out from them and are unmapped as soon as those are gone.  So the
-memory is bounded by ``n_prefetch + 2`` slots of the largest layout (each
-field at most ``GROWTH`` times the largest row seen), plus the old slots
-that the user's arrays still view.
+memory is bounded by ``n_slots`` slots of the largest layout (each field
+at most ``GROWTH`` times the largest row seen), plus the old slots that
+the user's arrays still view.
 
-No processes or threads here: the pool calls it under its lock and sends
-what it allocates to the workers.
+No processes or threads here.  The pool calls it under its lock, from
+the main thread (``submit``, ``use_layout``, ``hand_out``) and from the
+receiver thread (a posted group's ``submit`` allocates slots there too;
+a batch read ahead views its slot there); it sends what it allocates to
+the workers.  The main thread alone calls ``fit``, ``hand_over`` and
+``keep``, without the lock (see their docstrings); ``retire_leased`` runs
+under the lock in the thread that forked.
 """
 
 import ctypes
 import errno
-import os
 import sys
 import weakref
 
@@ -36,61 +43,18 @@ import numpy
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter._interrupts import uninterrupted
+from chainiter.iterators.multiprocess.room import (  # NOQA: iterator.py
+    SPARE_DESCRIPTORS, check_room, descriptor_room)
 from chainiter.iterators.multiprocess.shm import SharedBuffer
+
+# The old private name, until iterator.py imports SPARE_DESCRIPTORS (and
+# descriptor_room) from room.py.
+_SPARE_DESCRIPTORS = SPARE_DESCRIPTORS
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 
 # Running out of these degrades to copies; other errors propagate.
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
-
-
-# What a new slot must leave free of ``ulimit -n`` (a slot holds two
-# descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
-# the batches that then come by copy, and everything else).
-_SPARE_DESCRIPTORS = 32
-_SPARE_ADDRESS_SPACE = 64 * 2 ** 20
-
-
-def descriptor_room():
-    """How many more files this process may open (``ulimit -n``), or
-    None when there is no limit or it cannot be read."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        return soft - len(os.listdir('/proc/self/fd'))
-    except OSError:
-        return soft
-
-
-def _check_room(size):
-    """OSError(EMFILE) or MemoryError when one more slot of ``size`` bytes
-    would leave less than the spares of the process's limits."""
-    try:
-        import resource
-    except ImportError:
-        return
-    left = descriptor_room()
-    if left is not None and left < _SPARE_DESCRIPTORS + 2:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        raise OSError(errno.EMFILE, 'only {} file descriptors are left '
-                      '(ulimit -n is {})'.format(left, soft))
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        try:
-            with open('/proc/self/status') as f:
-                used = next(int(line.split()[1]) * 1024 for line in f
-                            if line.startswith('VmSize:'))
-        except (OSError, StopIteration, ValueError):
-            return
-        if soft - used < size + _SPARE_ADDRESS_SPACE:
-            raise MemoryError(
-                'only {} MiB of address space are left (ulimit -v / '
-                'RLIMIT_AS)'.format((soft - used) // 2 ** 20))
 
 
 class Slot:
@@ -205,7 +169,7 @@ class SlotPool:
         for slot in slots:
             if slot.shared is None:
                 try:
-                    _check_room(buffers.layout.slot_bytes)
+                    check_room(buffers.layout.slot_bytes)
                     with uninterrupted():
                         slot.shared = SharedBuffer.allocate(
                             buffers.layout.slot_bytes, reserve=False)

@@ -7,8 +7,11 @@ were copied into shared memory (share.py), once they are;
 followed by the slot's file descriptor; a ``Task`` as ``encode_task`` made
 it; ``None`` to exit.  From the worker: a fixed header (generation, seq,
 chunk), so that the parent always knows which chunk a result is for,
-followed by the pickled ``(metas, error, seconds)`` (``seconds``: how long
-the worker took to load the chunk, for ``stats``).
+followed by the pickled ``(metas, error, seconds, queued)`` (``seconds``:
+how long the worker took to load the chunk, less ``queued``, the seconds
+it waited for a CPU meanwhile: for ``stats`` and the active workers).
+Messages of a negative ``seq`` are the worker's own (``worker.STARTED``,
+``STARTUP_FAILED``, ``NO_ROOM``).
 """
 
 import os
@@ -24,6 +27,7 @@ from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess.remote import (
     RemoteError, first_unpicklable)
 from chainiter.iterators.order_samplers import SeededPermutation
+
 
 class Task(typing.NamedTuple):
     generation: int
@@ -132,7 +136,6 @@ class Result(typing.NamedTuple):
     error: object = None    # a RemoteError when loading failed
 
 
-
 _HEADER = struct.Struct('<qqq')   # generation, seq, chunk
 
 
@@ -163,7 +166,6 @@ def send_result(conn, task, metas, error, seconds=0.0, queued=0.0):
                payload)
 
 
-
 _LENGTH = struct.Struct('!i')       # multiprocessing.Connection's framing
 _LONG_LENGTH = struct.Struct('!Q')
 
@@ -191,7 +193,8 @@ def send_frame(conn, data):
 
 def receive_results(conn):
     """Every result waiting in ``conn``, as ``(generation, seq, chunk,
-    worker, payload)``; blocks only to complete a message that has begun.
+    payload)`` (``payload``: a memoryview of the pickled rest, see
+    ``send_result``); blocks only to complete a message that has begun.
 
     One system call reads the small messages that are waiting
     (``recv_bytes`` takes two per message); a large one is read straight
@@ -247,4 +250,3 @@ def _read_into(fd, target, filled):
         if n == 0:
             raise EOFError
         filled += n
-

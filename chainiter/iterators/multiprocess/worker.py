@@ -43,6 +43,7 @@ def watch_parent(parent_pid, by_main_thread, thread=True):
     if not thread:
         return
     # Under forkserver the parent is the server, so also check by pid.
+
     def watch():
         while alive(parent_pid):
             time.sleep(PARENT_CHECK_S)
@@ -119,7 +120,6 @@ def _set_parent_death_signal():
         pass
 
 
-
 #: ``seq`` of the message a worker sends when it cannot start.
 STARTUP_FAILED = -1
 #: ``seq`` of the message a worker sends first: Python has started it (a
@@ -171,38 +171,10 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         return
     _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
                                                  seed + worker_id))
-    what = 'the dataset (and worker_init_fn) could not be unpickled in ' \
-        'the worker'
-    try:
-        if isinstance(dataset, share.Received):      # spawn, forkserver
-            if dataset.wait:        # until its arrays are in shared memory
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    return
-                if message is None:     # the pool closed meanwhile
-                    return
-                if message != ('ready',):
-                    raise RuntimeError('the pool sent {!r} before its ready '
-                                       'message'.format(message))
-            dataset, worker_init_fn = dataset.load()
-        dataset, converter = converted.unwrap(dataset)
-        what = 'seeding the global RNGs (random, numpy, torch) failed'
-        # After the dataset (its module may import torch), before
-        # worker_init_fn (which may seed otherwise).
-        seed_global_rngs(seed, worker_id)
-        what = 'worker_init_fn({}) raised'.format(worker_id)
-        if worker_init_fn is not None:
-            worker_init_fn(worker_id)
-    except Exception as e:
-        error = remote.capture(e, -1)
-        error = error._replace(message='{}: {}'.format(what, error.message))
-        try:
-            wire.send_frame(conn, wire.header(0, STARTUP_FAILED, 0) +
-                            remote.startup_payload(error))
-        except (BrokenPipeError, EOFError, ConnectionResetError):
-            pass
+    set_up = _set_up(conn, dataset, seed, worker_id, worker_init_fn)
+    if set_up is None:
         return
+    dataset, converter = set_up
     # A batch method loads a task's chunk in one call: an error there is
     # the whole chunk's.
     batched = _context.batch_method(dataset) is not None
@@ -226,62 +198,122 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
             slots = {}
             continue
         if message[0] == 'slot':
-            _, owner, index, size = message
-            try:
-                fd = reduction.recv_handle(conn)
-            except (EOFError, OSError, RuntimeError):
-                return     # retired in the middle of a message
-            # Reserved before it is written (slots.py): a page that cannot
-            # be had would kill this worker with SIGBUS.
-            no_room = reserve_pages(fd, size)
-            if no_room is not None:
-                os.close(fd)    # its tasks send their examples instead
-                if owner == buffer_id:
-                    # Not the slot this index had before (retired at a
-                    # fork: a user's array or a child may view it still).
-                    slots.pop(index, None)
-                if not warned_no_room:
-                    warned_no_room = True
-                    try:
-                        wire.send_frame(conn, wire.header(0, NO_ROOM, 0) +
-                                        pickle.dumps((size, no_room)))
-                    except (BrokenPipeError, EOFError,
-                            ConnectionResetError):
-                        return
-                continue
-            # Its pages mapped at once, in one call: page by page, at the
-            # first write, 16 workers spent seconds in page faults.
-            shared = SharedBuffer(size, fd, populate=True)
-            if owner == buffer_id:
-                slots[index] = numpy.frombuffer(shared.buffer,
-                                                dtype=numpy.uint8)
-            shared.close()     # the mapping stays while the array lives
+            warned_no_room = _receive_slot(conn, message, buffer_id, slots,
+                                           warned_no_room)
+            if warned_no_room is None:
+                return
             continue
         task = wire.decode_task(message)
         whole = slots.get(task.slot) if task.buffer_id == buffer_id else None
-        started = time.perf_counter()
-        queued = run_queue()
-        if task.cuts:
-            parts = []
-            for a, b in wire.segments(task):
-                metas, error = _load(dataset, task.step.cut(a, b), task.seed,
-                                     sinks.sink_for(whole, layout,
-                                                    task.start + a), batched)
-                if error is not None:
-                    break
-                parts.append(metas)
-            metas = [] if error is not None else wire.Parts(parts)
-        else:
-            metas, error = _load(
-                dataset, task.step, task.seed,
-                sinks.sink_for(whole, layout, task.start) if converter is
-                None else converted.ConverterSink(whole, layout, converter),
-                batched)
-        try:
-            queued = run_queue() - queued
-            wire.send_result(conn, task, metas, error, max(
-                0.0, time.perf_counter() - started - queued), queued)
-        except (BrokenPipeError, EOFError, ConnectionResetError):
+        if not _run_task(conn, dataset, converter, batched, task, whole,
+                         layout, run_queue):
             return
         done += 1
 
+
+def _set_up(conn, dataset, seed, worker_id, worker_init_fn):
+    """``(dataset, converter)``: the dataset (its arrays mapped, under
+    spawn and forkserver) and the converter to run here, once the global
+    RNGs are seeded and ``worker_init_fn`` has run; None when the worker
+    is to exit (the pool closed, or it could not start: the pool was told
+    why)."""
+    what = 'the dataset (and worker_init_fn) could not be unpickled in ' \
+        'the worker'
+    try:
+        if isinstance(dataset, share.Received):      # spawn, forkserver
+            if dataset.wait:        # until its arrays are in shared memory
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    return None
+                if message is None:     # the pool closed meanwhile
+                    return None
+                if message != ('ready',):
+                    raise RuntimeError('the pool sent {!r} before its ready '
+                                       'message'.format(message))
+            dataset, worker_init_fn = dataset.load()
+        dataset, converter = converted.unwrap(dataset)
+        what = 'seeding the global RNGs (random, numpy, torch) failed'
+        # After the dataset (its module may import torch), before
+        # worker_init_fn (which may seed otherwise).
+        seed_global_rngs(seed, worker_id)
+        what = 'worker_init_fn({}) raised'.format(worker_id)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except Exception as e:
+        error = remote.capture(e, -1)
+        error = error._replace(message='{}: {}'.format(what, error.message))
+        try:
+            wire.send_frame(conn, wire.header(0, STARTUP_FAILED, 0) +
+                            remote.startup_payload(error))
+        except (BrokenPipeError, EOFError, ConnectionResetError):
+            pass
+        return None
+    return dataset, converter
+
+
+def _receive_slot(conn, message, buffer_id, slots, warned_no_room):
+    """Map the slot that ``message`` announces (its descriptor follows it
+    on ``conn``) into ``slots``, by index, when it is of the buffers in
+    use (``buffer_id``).  Returns ``warned_no_room`` (whether the pool was
+    told of a slot that could not be reserved, as of now), or None when
+    the worker is to exit."""
+    _, owner, index, size = message
+    try:
+        fd = reduction.recv_handle(conn)
+    except (EOFError, OSError, RuntimeError):
+        return None     # retired in the middle of a message
+    # Reserved before it is written (slots.py): a page that cannot be had
+    # would kill this worker with SIGBUS.
+    no_room = reserve_pages(fd, size)
+    if no_room is not None:
+        os.close(fd)    # its tasks send their examples instead
+        if owner == buffer_id:
+            # Not the slot this index had before (retired at a fork: a
+            # user's array or a child may view it still).
+            slots.pop(index, None)
+        if not warned_no_room:
+            try:
+                wire.send_frame(conn, wire.header(0, NO_ROOM, 0) +
+                                pickle.dumps((size, no_room)))
+            except (BrokenPipeError, EOFError, ConnectionResetError):
+                return None
+        return True
+    # Its pages mapped at once, in one call: page by page, at the first
+    # write, 16 workers spent seconds in page faults.
+    shared = SharedBuffer(size, fd, populate=True)
+    if owner == buffer_id:
+        slots[index] = numpy.frombuffer(shared.buffer, dtype=numpy.uint8)
+    shared.close()     # the mapping stays while the array lives
+    return warned_no_room
+
+
+def _run_task(conn, dataset, converter, batched, task, whole, layout,
+              run_queue):
+    """Load the task's examples into ``whole`` (its slot, or None) and
+    send the result home; False when the parent's end is closed."""
+    started = time.perf_counter()
+    queued = run_queue()
+    if task.cuts:
+        parts = []
+        for a, b in wire.segments(task):
+            metas, error = _load(dataset, task.step.cut(a, b), task.seed,
+                                 sinks.sink_for(whole, layout,
+                                                task.start + a), batched)
+            if error is not None:
+                break
+            parts.append(metas)
+        metas = [] if error is not None else wire.Parts(parts)
+    else:
+        metas, error = _load(
+            dataset, task.step, task.seed,
+            sinks.sink_for(whole, layout, task.start) if converter is
+            None else converted.ConverterSink(whole, layout, converter),
+            batched)
+    try:
+        queued = run_queue() - queued
+        wire.send_result(conn, task, metas, error, max(
+            0.0, time.perf_counter() - started - queued), queued)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return False
+    return True

@@ -10,7 +10,6 @@ class Worker:
 
     def __init__(self, worker_id, launched):
         self.id = worker_id
-        self.launched = launched
         self.key = launched.key
         self.conn = launched.conn
         self.outbox = Outbox(launched.conn)
