@@ -18,9 +18,9 @@ class Fitting:
         """Size ``pool``'s buffers for ``examples``, of which ``oversize``
         did not fit ``layout`` (None: no buffers yet).  Returns the new
         slot bytes when the buffers were enlarged (the depth follows
-        them), else None.  Called by the iterator's ``_read`` and
-        ``_collect_converted``: the warnings' ``stacklevel`` counts
-        those frames."""
+        them), else None.  Called by ``reading.read`` and
+        ``reading.read_converted`` from the iterator's ``_collect`` (or
+        ``_arrive``): the warnings' ``stacklevel`` counts those frames."""
         slots = pool.slots
         if slots.cannot_grow:
             return None

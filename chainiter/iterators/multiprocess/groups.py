@@ -9,6 +9,7 @@ import typing
 
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import stacked_rows
+from chainiter.iterators.multiprocess.reading import metas
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 
 
@@ -33,6 +34,38 @@ class Group:
         self.by_copy = False
         self.tops = None        # padded: each batch's largest shapes
         self.layout = None      # and the layout they are of
+
+    def arrived_as(self, batch, chunks):
+        """The group's finished ``batch`` arrived, its chunks' parts
+        ``chunks`` (None: the batch taken ahead, its chunks' metas): with
+        padding, each batch's largest shapes (a batch is
+        padded to its own longest example)."""
+        self.arrived = True
+        if self.padded:
+            if chunks is None:
+                chunks = metas(batch)
+            parts = [part for chunk in chunks for part in chunk.metas]
+            self.tops = batch_tops(batch.buffers, parts, self.bounds)
+            self.layout = batch.buffers and batch.buffers.layout
+
+    def cut(self, index):
+        """``(stacked, examples)``: the rows of batch ``index`` of the
+        group, or its examples (to convert); dropped once the last batch
+        is cut (the slot is free once the user's arrays are gone)."""
+        a, b = self.bounds[index], self.bounds[index + 1]
+        last = index + 1 == len(self.steps)
+        if self.stacked is not None:
+            batch = rows(self.stacked, a, b)
+            if self.tops is not None:
+                batch = stacked_rows.cut_to(batch, self.layout,
+                                            self.tops[index])
+            if last:
+                self.stacked = None
+            return batch, None
+        examples = self.examples[a:b]
+        if last:
+            self.examples = None
+        return None, examples
 
     def task(self):
         """What the pool submits: the steps as one, the seed, and where

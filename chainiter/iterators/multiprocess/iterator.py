@@ -14,13 +14,11 @@ from chainiter._interrupts import uninterrupted
 from chainiter.errors import TimeoutWarning
 from chainiter.iterators import order_samplers
 from chainiter.iterators._base import DatasetIterator, _Failed
-from chainiter.iterators.multiprocess import (
-    reading, stacked_layout, stacked_rows)
+from chainiter.iterators.multiprocess import reading, stacked_layout
 from chainiter.iterators.multiprocess import depth as _depth, worker_stats
 from chainiter.iterators.multiprocess import options as _options
 from chainiter.iterators.multiprocess.fitting import Fitting
-from chainiter.iterators.multiprocess.groups import (
-    Member, batch_tops, rows)
+from chainiter.iterators.multiprocess.groups import Member
 from chainiter.iterators.multiprocess.grouping import Grouping
 from chainiter.iterators.multiprocess.transport import Transport
 from chainiter.iterators.multiprocess.slots import descriptor_room
@@ -229,6 +227,16 @@ class MultiprocessIterator(DatasetIterator):
     def _prefetch_depth(self):
         return self._t.depth
 
+    # What ``diagnose`` (``_stats.py``) asks: whether the converter runs
+    # in the main process.
+    @property
+    def _stacked(self):
+        return self._options.stacked
+
+    @property
+    def _in_workers(self):
+        return self._options.in_workers
+
     def _start_pool(self):
         self._t.start_pool(self, self._options, self._worker_seed)
 
@@ -359,22 +367,11 @@ class MultiprocessIterator(DatasetIterator):
                     return self._ungroup()
                 self._arrive(group, batch, chunks)
         groups.hand_out_taken(self._t.pool, group)
-        a, b = group.bounds[member.index], group.bounds[member.index + 1]
-        last = member.index + 1 == len(group.steps)
         self._t.by_copy += group.by_copy
-        if group.stacked is not None:
-            batch = rows(group.stacked, a, b)
-            if group.tops is not None:
-                batch = stacked_rows.cut_to(batch, group.layout,
-                                            group.tops[member.index])
-            if last:
-                group.stacked = None    # the slot is free once the user's
-            self._work_ahead(member)    # arrays are gone
-            return batch
-        examples = group.examples[a:b]
-        if last:
-            group.examples = None
+        stacked, examples = group.cut(member.index)
         self._work_ahead(member)
+        if examples is None:
+            return stacked
         return self._convert(examples)
 
     def _arrive(self, group, batch, chunks=None):
@@ -383,13 +380,7 @@ class MultiprocessIterator(DatasetIterator):
         ``reading.wait`` returned; None for the batch taken ahead
         (``group.taken``: read by the receiver thread, no error in it,
         handed out with its first batch)."""
-        group.arrived = True
-        if self._options.padding is not None:
-            if chunks is None:
-                chunks = reading.metas(batch)
-            chunks = [part for chunk in chunks for part in chunk.metas]
-            group.tops = batch_tops(batch.buffers, chunks, group.bounds)
-            group.layout = batch.buffers and batch.buffers.layout
+        group.arrived_as(batch, chunks)
         if batch is group.taken:
             group.stacked = batch.prepared[1]
         else:
