@@ -258,6 +258,74 @@ def test_groups_that_stop_while_one_is_being_filled_lose_no_batch(method):
         assert got == expected, wide
 
 
+def test_groups_that_stop_leave_the_depth_of_batches_one_by_one(
+        method, tmp_path):
+    # Once the groups stop (a group failed: example 301 raises, the first
+    # time only), each batch goes alone again, with as many batches in
+    # flight as before the groups began, not as many as there were groups
+    # in flight, and in slots of one batch, not of a group.
+    dataset = helpers.Faulty(1000, 301, 'raise',
+                             once_file=str(tmp_path / 'once'))
+    with _mp(dataset, method, shuffle=False) as it:
+        next(it)
+        alone = it.stats['prefetch'], it._pool.slots.batch_size
+        grouped = []
+        for _ in range(100):
+            next(it)
+            stats = it.stats
+            grouped.append(stats['batches_per_task'])
+            # The pool counts groups in flight, the iterator batches.
+            assert it._pool.book.n_prefetch * grouped[-1] == \
+                stats['prefetch']
+        assert max(grouped) == 4 and grouped[-1] == 1
+        assert (it.stats['prefetch'], it._pool.slots.batch_size) == alone
+
+
+class _LockWatch:
+    """The pool's lock, noting each time the main thread waits for it
+    inside an ``uninterrupted()`` block, where a Ctrl-C cannot end the
+    wait (``Pool.submit`` takes the lock first)."""
+
+    def __init__(self, lock):
+        self.lock = lock
+        self.inside = []
+
+    def acquire(self, *args, **kwargs):
+        import threading
+        import traceback
+        from chainiter._interrupts import uninterrupted
+        if threading.current_thread() is threading.main_thread() and \
+                uninterrupted.saved is not None:
+            self.inside.append(''.join(traceback.format_stack()))
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self):
+        self.lock.release()
+
+    def locked(self):
+        return self.lock.locked()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_groups_begin_without_waiting_for_the_lock_uninterrupted(method):
+    with _mp(_X, method) as it:
+        next(it)
+        watch = it._pool.lock = _LockWatch(it._pool.lock)
+        grouped = []
+        for _ in range(30):
+            next(it)
+            grouped.append(it.stats['batches_per_task'])
+        it._pool.lock = watch.lock
+        assert max(grouped) == 4
+        assert not watch.inside, watch.inside[0]
+
+
 def _expected_of(dataset, n):
     return [fingerprint(concat_examples([dataset[i] for i in range(
         k * 5, k * 5 + 5)])) for k in range(n)]

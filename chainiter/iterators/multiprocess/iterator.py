@@ -5,140 +5,23 @@ pool and reads each finished batch back from its slot.  ``__init__.py``
 draws the data flow.
 """
 
-import bisect
-import functools
-import itertools
-import multiprocessing
 import os
 import time
-import typing
 from typing import Any, Callable, Dict, Optional, Tuple, Union
-import warnings
-import weakref
-
-import numpy
 
 from chainiter._cpus import usable_cpus
 from chainiter._interrupts import uninterrupted
-from chainiter.dataset.convert import concat_examples
-from chainiter.errors import (
-    ChainiterError, SharedMemoryWarning, TimeoutWarning, WorkerDiedError)
-from chainiter.iterators import _args, order_samplers
+from chainiter.errors import TimeoutWarning
+from chainiter.iterators import order_samplers
 from chainiter.iterators._base import DatasetIterator, _Failed
-from chainiter.iterators._state import Step
-from chainiter.iterators.multiprocess import (
-    by_value, converted, launch, list_layout, read, remote, share,
-    stacked_layout, stacked_rows)
-from chainiter.iterators.multiprocess.stacked_layout import Rows
-from chainiter.iterators.multiprocess.layout import Whole
-from chainiter.iterators.multiprocess.pool import Pool
-from chainiter.iterators.multiprocess.slots import (
-    _SPARE_DESCRIPTORS, SlotPool, descriptor_room)
-
-
-def _stacking_padding(converter):
-    """``(True, padding)`` when ``converter`` is ``concat_examples`` or a
-    ``functools.partial`` of it with only ``padding``; else ``(False, None)``."""
-    if converter is concat_examples:
-        return True, None
-    if isinstance(converter, functools.partial) and \
-            converter.func is concat_examples and not converter.args and \
-            set(converter.keywords) <= {'padding'}:
-        return True, converter.keywords.get('padding')
-    return False, None
-
-
-def _check_picklable(obj, what, method):
-    try:
-        # As the workers get it, large arrays left out: no copy of them.
-        share.check_picklable(obj)
-    except RuntimeError:
-        # Locks, events and queues of multiprocessing pickle only while a
-        # process starts; they reach the workers then.
-        pass
-    except by_value.Missing as e:
-        raise TypeError(
-            'MultiprocessIterator with start method {!r} sends the {} to the '
-            'worker processes by pickling, and it holds {}: only cloudpickle '
-            'can send that, by value, and it is not installed. Run: pip '
-            'install cloudpickle (or define it at the top level of a module '
-            'the workers can import, or use start_method="fork")'.format(
-                method, what, by_value.describe(e.obj))) from e.error
-    except Exception as e:
-        raise TypeError(
-            'MultiprocessIterator with start method {!r} sends the {} to the '
-            'worker processes by pickling, but it cannot be pickled ({}: '
-            '{}). Define its class and the functions it uses at module '
-            'level (not inside a function), or use '
-            'start_method="fork"'.format(method, what, type(e).__name__, e)
-        ) from e
-
-
-class _Group:
-    """Batches loaded as one: their steps, and once it has arrived, the
-    rows (``stacked``) or examples of all of them, cut at ``bounds``."""
-    __slots__ = ('steps', 'seed', 'padded', 'handle', 'error', 'bounds',
-                 'arrived', 'taken', 'stacked', 'examples', 'by_copy',
-                 'tops', 'layout', '__weakref__')
-
-    def __init__(self, seed, padded):
-        self.steps = []
-        self.seed = seed
-        self.padded = padded
-        self.handle = None      # the pool's, once sent
-        self.error = None       # what sending it raised (Pool.post)
-        self.bounds = None      # where each batch begins, once sent
-        self.arrived = False
-        self.taken = None       # its finished batch, taken ahead, until
-        #                         the first of its batches is handed out
-        self.stacked = self.examples = None
-        self.by_copy = False
-        self.tops = None        # padded: each batch's largest shapes
-        self.layout = None      # and the layout they are of
-
-    def task(self):
-        """What the pool submits: the steps as one, the seed, and where
-        each batch begins when padded (padding pads each batch to its own
-        longest example: the workers then tell each batch's)."""
-        self.bounds = list(itertools.accumulate(
-            (len(step) for step in self.steps), initial=0))
-        cuts = tuple(self.bounds[:-1]) if self.padded else ()
-        return Step.join(self.steps), self.seed, cuts
-
-
-def _batch_tops(buffers, parts, bounds):
-    """Each batch's largest shape of every padded field (a list of
-    ``{field index: shape}``, None unless every part is ``Rows``), from
-    the parts the workers wrote, which never straddle two batches."""
-    if buffers is None or not all(type(p) is Rows for p in parts):
-        return None
-    layout = buffers.layout
-    tops = [[] for _ in bounds[:-1]]
-    row = 0
-    for part in parts:
-        tops[bisect.bisect_right(bounds, row) - 1].append(part)
-        row += part.n
-    return [stacked_rows.tops_of(layout, batch) for batch in tops]
-
-
-def _metas(batch):
-    """What each chunk of a finished batch that holds no error tells."""
-    return [batch.results[i].metas for i in range(batch.n_chunks)]
-
-
-class _Member(typing.NamedTuple):
-    """The handle of a batch in a group."""
-    group: _Group
-    index: int  # type: ignore[assignment]  # shadows tuple.index
-
-
-def _rows(stacked, a, b):
-    """Rows ``a...b - 1`` of a stacked batch."""
-    if type(stacked) is tuple:
-        return tuple(array[a:b] for array in stacked)
-    if type(stacked) is dict:
-        return {key: array[a:b] for key, array in stacked.items()}
-    return stacked[a:b]
+from chainiter.iterators.multiprocess import reading, stacked_layout
+from chainiter.iterators.multiprocess import depth as _depth, worker_stats
+from chainiter.iterators.multiprocess import options as _options
+from chainiter.iterators.multiprocess.fitting import Fitting
+from chainiter.iterators.multiprocess.groups import Member
+from chainiter.iterators.multiprocess.grouping import Grouping
+from chainiter.iterators.multiprocess.transport import Transport
+from chainiter.iterators.multiprocess.slots import descriptor_room
 
 
 class MultiprocessIterator(DatasetIterator):
@@ -226,17 +109,15 @@ class MultiprocessIterator(DatasetIterator):
     PREFETCH_BYTES = 256 * 2 ** 20
     MAX_PREFETCH_PER_WORKER = 16
     # Small batches go to the workers in groups that load in about this
-    # long, of at most MAX_GROUP batches (``_choose_group``).
+    # long, of at most MAX_GROUP batches (``grouping.py``).
     GROUP_S = 2e-3
     MAX_GROUP = 32
     GROUP_AFTER = 32       # batches measured first
     # Then measured again over as many batches as this, after as many
-    # again; groups may grow once (``_measure_again``).
+    # again; groups may grow once (``Grouping.group_arrived``).
     REGROUP_AFTER = 1024
 
     TimeoutWarning = TimeoutWarning
-
-    _pool: Any      # the Pool (None until started, and once finalized)
 
     def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
                  shuffle: Optional[bool] = None,
@@ -253,102 +134,55 @@ class MultiprocessIterator(DatasetIterator):
                  prefetch_bytes: int = PREFETCH_BYTES,
                  shard: Union[Tuple[int, int], str, Any, None] = None,
                  converter_in_workers: bool = False) -> None:
-        self._pool = None
-        # Read once (cgroup files: 0.15 ms), not at each tuning in next().
-        self._cpus = usable_cpus()
-        if n_processes is None:
-            n_processes = self._cpus
-        n_processes = _args.positive_int(
-            'n_processes', n_processes,
-            hint='; use SerialIterator to load in the main process')
-        n_prefetch = _args.positive_int('n_prefetch', n_prefetch,
-                                        allow_none=True)
-        prefetch_bytes = _args.positive_int(
-            'prefetch_bytes', prefetch_bytes, hint=' (bytes)')
-        shared_mem = _args.positive_int(
-            'shared_mem', shared_mem, allow_none=True,
-            hint=' (bytes per example)')
-        maxtasksperchild = _args.positive_int(
-            'maxtasksperchild', maxtasksperchild, allow_none=True)
-        dataset_timeout = _args.seconds('dataset_timeout', dataset_timeout)
-        _args.callable_or_none('converter', converter)
-        if not isinstance(converter_in_workers, bool):
-            raise TypeError('converter_in_workers must be True or False, '
-                            'got {!r}'.format(converter_in_workers))
-        if converter_in_workers and converter is None:
-            raise ValueError('converter_in_workers=True runs the converter '
-                             'in the workers, but no converter was given: '
-                             'pass converter=...')
-        _args.callable_or_none('worker_init_fn', worker_init_fn)
-        start_method = _args.start_method(start_method)
-        launch.refuse_in_bootstrap(
-            multiprocessing.get_context(start_method).get_start_method())
+        options = _options.read(
+            usable_cpus(), n_processes, n_prefetch, prefetch_bytes,
+            shared_mem, dataset_timeout, maxtasksperchild, converter,
+            converter_in_workers, start_method, worker_init_fn,
+            self.MAX_PREFETCH_PER_WORKER)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
-        self.n_processes = n_processes
-        self.n_prefetch = n_prefetch
-        self.prefetch_bytes = prefetch_bytes
-        self.shared_mem = shared_mem
-        self.dataset_timeout = dataset_timeout
-        self.maxtasksperchild = maxtasksperchild
-        self.converter = converter
-        self.worker_init_fn = worker_init_fn
-        self.converter_in_workers = converter_in_workers
-        self._stacked, self._padding = _stacking_padding(converter)
-        # concat_examples stacks in the workers already, with no copy.
-        self._in_workers = converter_in_workers and not self._stacked
-        self._warned_size = False
-        self._warned_mismatch = False
-        # Batches may go to the workers in groups (``_choose_group``) only
-        # where that changes nothing the user sees: an explicit n_prefetch
-        # counts batches, maxtasksperchild tasks.
-        self._may_group = self._stacked and n_prefetch is None and \
-            maxtasksperchild is None and shared_mem is None
-
-        ctx = multiprocessing.get_context(start_method)
-        method = ctx.get_start_method()
-        if method != 'fork':
-            _check_picklable(dataset, 'dataset', method)
-            if worker_init_fn is not None:
-                _check_picklable(worker_init_fn, 'worker_init_fn', method)
-            if self._in_workers:
-                _check_picklable(converter, 'converter', method)
-        self.start_method = method
-        self._max_depth = n_prefetch or \
-            self.MAX_PREFETCH_PER_WORKER * n_processes
-        # Until the first batch is measured, 1: that batch is then split
-        # among the workers and arrives soonest.
-        self._first_depth = n_prefetch or 1
-        if self._in_workers:
-            # At least a batch per worker in flight, to start with (the
-            # book never splits a batch for the converter in the workers:
-            # it takes whole ones).
-            self._first_depth = max(self._first_depth, n_processes)
-            self._max_depth = max(self._max_depth, n_processes)
+        _options.check_sent(options, dataset)
+        self._options = options
+        # What Chainer's iterator has as attributes.
+        self.n_processes = options.n_processes
+        self.n_prefetch = options.n_prefetch
+        self.prefetch_bytes = options.prefetch_bytes
+        self.shared_mem = options.shared_mem
+        self.dataset_timeout = options.dataset_timeout
+        self.maxtasksperchild = options.maxtasksperchild
+        self.converter = options.converter
+        self.worker_init_fn = options.worker_init_fn
+        self.converter_in_workers = options.converter_in_workers
+        self.start_method = options.start_method
+        self._fitting = Fitting()   # the warnings given
         self._start_transport()
         self._start_pool()
-        if self._pool.slots.layout is not None:      # from shared_mem
-            self._tune_depth(self._pool.slots.layout.slot_bytes)
+        if self._t.pool.slots.layout is not None:      # from shared_mem
+            self._tune_depth(self._t.pool.slots.layout.slot_bytes)
         # Until the first batch has sized the buffers, batches travel
         # through the socket: send only that one, the rest follow it.
-        self._dispatch_until(self._prefetch_depth
-                             if self._pool.slots.layout is not None else 1)
+        self._dispatch_until(self._t.depth
+                             if self._t.pool.slots.layout is not None else 1)
 
     @property
     def stats(self) -> Dict[str, Any]:
         stats = super().stats
-        stats['by_copy'] = self._by_copy
-        stats['prefetch'] = self._prefetch_depth
-        stats['batches_per_task'] = self._group
-        pool = self._pool
-        stats['workers_active'] = self.n_processes if pool is None else \
-            pool.book.active
+        stats['by_copy'] = self._t.by_copy
+        stats['prefetch'] = self._t.depth
+        stats['batches_per_task'] = self._t.groups.size
+        pool = self._t.pool
+        stats['workers_active'] = self._options.n_processes \
+            if pool is None else pool.book.active
+        since = self._timing.since
         stats['worker_busy'], stats['worker_cpu_wait'] = \
-            self._worker_busy(stats['workers_active'])
+            worker_stats.worker_busy(
+                pool, self._t.busy_mark,
+                None if since is None else time.perf_counter() - since,
+                stats['workers_active'])
         return stats
 
     def reset_stats(self) -> None:
-        self._by_copy = 0
+        self._t.by_copy = 0
         super().reset_stats()
 
     def _ready_batches(self):
@@ -356,134 +190,55 @@ class MultiprocessIterator(DatasetIterator):
         or a group), and of the group taken ahead.  The pool hands jobs
         out in the order they were sent: the first ``n_ready()`` sent and
         not collected, a group counted once, as many batches as it has."""
-        if self._pool is None:
+        if self._t.pool is None:
             return 0
-        ahead = self._ahead_group
-        count = 0 if ahead is None else len(ahead.steps)
-        jobs = self._pool.n_ready()
-        last = None
-        for _, handle in list(self._pending):
-            if jobs <= 0:
-                break
-            if type(handle) is _Member:
-                group = handle.group
-                if group is last or group.handle is None or \
-                        group.arrived or group.taken is not None:
-                    continue        # counted, not sent, or collected
-                last = group
-                count += len(group.steps)
-            elif handle is None or isinstance(handle, _Failed):
-                continue            # never sent
-            else:
-                count += 1
-            jobs -= 1
-        return count
+        return self._t.groups.ready(
+            [None if isinstance(handle, _Failed) else handle
+             for _, handle in list(self._pending)], self._t.pool.n_ready())
 
     def _stats_window_started(self):
-        pool = self._pool
-        self._busy_mark = (id(pool), 0.0, 0.0) if pool is None else \
-            (id(pool), pool.book.load_s, pool.book.queued_s)
-
-    def _worker_busy(self, active):
-        """``(worker_busy, worker_cpu_wait)`` over the window: the share
-        of the active workers' time spent loading (waits for a CPU
-        included), and the share of that spent waiting for a CPU; None
-        before the window or any loading."""
-        pool, since = self._pool, self._timing.since
-        if pool is None or since is None:
-            return None, None
-        span = time.perf_counter() - since
-        pool_id, loaded, queued = self._busy_mark
-        if pool_id != id(pool):     # a new pool since the window began
-            loaded = queued = 0.0
-        loaded = pool.book.load_s - loaded
-        queued = pool.book.queued_s - queued
-        if span <= 0:
-            return None, None
-        busy = min(1.0, (loaded + queued) / (max(active, 1) * span))
-        return busy, (queued / (loaded + queued) if loaded + queued > 0
-                      else None)
-
-    def _floor_depth(self):
-        """The fewest batches in flight, whatever ``prefetch_bytes`` holds:
-        two per worker, or two for each worker that can run at once (the
-        CPUs), as long as the workers share those batches' chunks
-        (``Book.open_batch``) and all of them hold one: each slot more
-        only costs its memory and the workers' first touch of it (16
-        workers of 38 MB batches on 2 CPUs: 1.2 GB).  Not when a batch may
-        not be split: for the converter in the workers (one batch a
-        worker), or where each chunk counts against
-        ``maxtasksperchild``."""
-        n = self.n_processes
-        if self._in_workers or self.maxtasksperchild is not None:
-            return 2 * n
-        return max(2 * min(n, self._cpus), -(-n // self.batch_size))
+        self._t.busy_mark = worker_stats.window_mark(self._t.pool)
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
-        if self.n_prefetch is not None:
-            self._tuned = True
-            return
-        n = self.n_processes
-        group = self._group
-        fits = self.prefetch_bytes * group // max(slot_bytes, 1) - 2
-        if group > 1:
-            # As many batches in flight as one by one, in groups; each
-            # worker still has two (small: fewer would be split in more
-            # chunks, each a message).
-            depth = max(2 * n, -(-min(self._max_depth, fits) // group))
-        else:
-            depth = max(self._floor_depth(), min(self._max_depth, fits))
-        room = descriptor_room()
-        if room is not None:
-            # A slot holds two descriptors here (its file's and its
-            # mapping's) and one in each worker, and slots leave a spare
-            # (slots.py): take half of the rest, for the program's needs.
-            depth = max(1, min(depth, (room - _SPARE_DESCRIPTORS) // 4 - 2))
-        if depth * self._group != self._prefetch_depth:
-            # The pool counts groups, the iterator batches.
-            self._pool.set_depth(depth)
-            self._prefetch_depth = depth * self._group
-        self._tuned = True      # last: an interrupt before has it tuned again
+        if self._options.n_prefetch is None:
+            group = self._t.groups.size
+            depth = _depth.tuned(self._options, self.batch_size, slot_bytes,
+                                 group, descriptor_room())
+            if depth != self._t.pool.book.n_prefetch or \
+                    depth * group != self._t.depth:
+                # The pool counts groups, the iterator batches.
+                self._t.pool.set_depth(depth)
+                self._t.depth = depth * group
+        # Last: an interrupt before has it tuned again.
+        self._t.tuned = True
 
     def _start_transport(self):
-        # The workers start with the first batch (at once when built, at
-        # the first next() when unpickled: unpickling may happen while a
-        # spawned process starts, where no process may be started).
-        self._pool = None
-        self._finalizer = None
-        self._by_copy = 0           # for stats: batches that came by copy
-        self._prefetch_depth = self._first_depth  # measured again
-        self._tuned = False         # from the first batch's slot
-        self._group = 1             # batches loaded as one
-        self._group_mark = None     # (batches measured, load_s, ...)
-        self._groupable = self._may_group
-        self._regroup = None        # (batches since, load_s, loaded)
-        self._open = None           # the group being filled
-        self._ahead_group = None    # the next group, taken ahead
-        self._busy_mark = (None, 0.0, 0.0)  # (id(pool), load_s, queued_s)
+        self._t = Transport(self._options, Grouping(
+            self._options.may_group, self.GROUP_S, self.MAX_GROUP,
+            self.GROUP_AFTER, self.REGROUP_AFTER))
+
+    @property
+    def _pool(self):
+        """The Pool: None until started, and once finalized."""
+        return self._t.pool
+
+    @property
+    def _prefetch_depth(self):
+        return self._t.depth
+
+    # What ``diagnose`` (``_stats.py``) asks: whether the converter runs
+    # in the main process.
+    @property
+    def _stacked(self):
+        return self._options.stacked
+
+    @property
+    def _in_workers(self):
+        return self._options.in_workers
 
     def _start_pool(self):
-        # With the converter in the workers a slot holds one converted
-        # batch: a list layout of one region.
-        slots = SlotPool(self._max_depth + 2,
-                         1 if self._in_workers else self.batch_size,
-                         self._stacked, self._padding, self.shared_mem)
-        if self.shared_mem is not None and not self._stacked:
-            # Before any worker starts: they get it as they start.
-            slots.replace(list_layout.list_layout(
-                slots.batch_size, self.shared_mem * self.batch_size //
-                slots.batch_size))
-        dataset = self.dataset
-        if self._in_workers:
-            dataset = converted.WithConverter(dataset, self.converter)
-            slots.measure = converted.result_bytes
-        self._pool = Pool(multiprocessing.get_context(self.start_method),
-                          dataset, self.n_processes, self._worker_seed,
-                          self.worker_init_fn, self.maxtasksperchild,
-                          self._prefetch_depth, slots,
-                          split=not self._in_workers, cpus=self._cpus)
-        self._finalizer = weakref.finalize(self, self._pool.close)
+        self._t.start_pool(self, self._options, self._worker_seed)
 
     @property
     def _worker_seed(self):
@@ -494,8 +249,7 @@ class MultiprocessIterator(DatasetIterator):
         return order_samplers.rank_seed(self._seed, self._shard.rank)
 
     def _transport_attributes(self):
-        return super()._transport_attributes() + (
-            '_pool', '_finalizer', '_busy_mark', '_open', '_ahead_group')
+        return super()._transport_attributes() + ('_t',)
 
     # ---- transport ----------------------------------------------------------
 
@@ -507,226 +261,143 @@ class MultiprocessIterator(DatasetIterator):
         """In a forked child (os.fork(), or a fork Process given the
         iterator) the workers are the parent's: leave them alone, and load
         on from the current state with workers of its own."""
-        pool = self._pool
+        pool = self._t.pool
         if pool is not None and pool.owner != os.getpid():
-            self._finalizer.detach()
+            self._t.finalizer.detach()
             self._start_transport()
             self._rewind()
 
     def _drop_pending(self):
-        self._open = self._ahead_group = None
-        if self._pool is not None:
-            self._pool.new_generation()
+        self._t.groups.drop()
+        if self._t.pool is not None:
+            self._t.pool.new_generation()
         super()._drop_pending()
 
     def _interrupted_waiting(self):
         # Waiting in Pool.wait for the batch of the first pending handle,
         # nothing taken: every batch (or group) dispatched is in flight
         # or ready, or was taken ahead and is held by its group
-        # (``_take_ahead``).  What the call did before it waited (sent
+        # (``Groups.work_ahead``).  What the call did before it waited (sent
         # batches, posted groups, tuned the depth) it did whole.
-        pool = self._pool
+        pool = self._t.pool
         return pool is not None and pool.interrupted_waiting()
 
     def _collect(self, handle):
-        if not self._tuned and self._pool.slots.layout is not None:
+        if not self._t.tuned and self._t.pool.slots.layout is not None:
             # A Ctrl-C cut the first batch short after its buffers were
             # made and before the depth was tuned.
-            self._tune_depth(self._pool.slots.layout.slot_bytes)
-        if type(handle) is _Member:
+            self._tune_depth(self._t.pool.slots.layout.slot_bytes)
+        if type(handle) is Member:
             return self._collect_member(handle)
-        batch, chunks, error = self._wait(handle)
+        pool = self._t.pool
+        batch, chunks, error = reading.wait(pool, handle,
+                                            self.dataset_timeout)
         if error is not None:
             raise error
-        if self._in_workers:
-            return self._collect_converted(self._pool, batch, chunks)
-        stacked, examples, by_copy = self._read(batch, chunks)
-        self._by_copy += by_copy
+        if self._options.in_workers:
+            result, by_copy, slot_bytes = reading.read_converted(
+                pool, batch, chunks, self._fitting)
+            self._t.by_copy += by_copy
+            if slot_bytes is not None:
+                self._tune_depth(slot_bytes)
+            return result
+        stacked, examples, by_copy, slot_bytes = reading.read(
+            pool, batch, chunks, self._fitting)
+        self._t.by_copy += by_copy
+        if slot_bytes is not None:
+            self._tune_depth(slot_bytes)
         if stacked is not None:
-            if self._groupable:
-                self._measure_for_group(len(batch.step))
+            grouping = self._t.grouping
+            if grouping.groupable:
+                per_batch = grouping.batch_stacked(
+                    len(batch.step), self._t.pool.book.meter.sample)
+                if per_batch is not None:
+                    self._choose_group(per_batch)
             return stacked
         return self._convert(examples)
 
-    def _wait(self, handle):
-        """The finished batch of ``handle``, its chunks' results, and the
-        error a worker raised loading it (or None)."""
-        batch = self._pool.wait(handle, self.dataset_timeout)
-        if batch.failure is not None:
-            if type(batch.failure) is WorkerDiedError:
-                return batch, None, batch.failure
-            raise batch.failure
-        for i in range(batch.n_chunks):
-            error = batch.results[i].error
-            if error is not None:
-                return batch, None, remote.rebuild_error(error)
-        return batch, _metas(batch), None
-
-    def _read(self, batch, chunks):
-        """``(stacked, examples, by_copy)``: the stacked batch read from
-        its slot, or else its examples, to convert."""
-        pool = self._pool
-        prepared = batch.prepared
-        exporter = pool.hand_out(batch)
-        if prepared is not None:    # read by the receiver thread
-            return prepared[1], None, False
-        if exporter is None:     # the batch came through the socket
-            examples = [meta.example for chunk in chunks for meta in chunk]
-            if pool.slots.layout is None:
-                self._fit_buffers(examples, None, ())
-                layout = pool.slots.layout
-                self._tune_depth(0 if layout is None else layout.slot_bytes)
-            return None, examples, True
-        layout = batch.buffers.layout
-        stacked, examples, oversize = read.read_batch(
-            numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks)
-        if stacked is not None:
-            return stacked, None, False
-        if oversize:
-            self._fit_buffers(examples, layout, oversize)
-        # Some of it came through the socket, or the main process stacks
-        # it.
-        return None, examples, bool(oversize) or layout.mode == 'stacked'
-
     # ---- groups: several small batches loaded as one ----------------------
 
-    def _measure_for_group(self, size):
-        """Count a batch the workers stacked; after ``GROUP_AFTER`` of
-        them (the workers past their first, slower examples), choose the
-        group."""
-        book = self._pool.book
-        if self._group_mark is None:
-            self._group_mark = (0, book.load_s, book.loaded, size)
-            return
-        count, load_s, loaded, first = self._group_mark
-        count += 1
-        self._group_mark = (count, load_s, loaded, first)
-        if count < self.GROUP_AFTER or size != first or \
-                book.loaded <= loaded:     # no result measured since
-            return
-        self._groupable = False       # chosen once (grown once)
-        self._choose_group((book.load_s - load_s) /
-                           (book.loaded - loaded) * size)
-
     def _choose_group(self, per_batch):
-        """How many batches go to the workers as one: as many as load in
-        about ``GROUP_S`` (``per_batch``: the seconds a batch takes a
-        worker), at most ``MAX_GROUP``, within the slots' share of
-        ``prefetch_bytes``.  Each batch otherwise costs the main process
-        and a worker a message, a wake-up and its bookkeeping, which
-        small batches cannot pay back."""
-        layout = self._pool.slots.layout
-        group = int(self.GROUP_S / max(per_batch, 1e-9))
-        fits = self.prefetch_bytes // (
-            (2 * self.n_processes + 2) * max(stacked_layout.resized(
-                layout, self.batch_size).slot_bytes, 1))
-        group = min(group, fits, self.MAX_GROUP)
-        if group < max(2, 1.5 * self._group):
+        """Group the batches as ``Grouping.size`` says, within the budget
+        of ``depth.largest_group``."""
+        layout = self._t.pool.slots.layout
+        fits = _depth.largest_group(self._options, stacked_layout.resized(
+            layout, self.batch_size).slot_bytes)
+        group = self._t.grouping.size(per_batch, fits, self._t.groups.size)
+        if group is None:
             return
-        # All of it or nothing: buffers of K batches' rows with the slots
-        # still sized for one would be grown too small.
+        # The buffers first, then the rest, all of it or nothing: slots
+        # sized for one batch with buffers of K batches' rows hold what
+        # goes alone meanwhile, and an interrupt in between leaves them
+        # so; the other way round they would be grown too small.  The
+        # waits for the pool's lock stay interruptible (Pool.submit).
+        new = stacked_layout.resized(layout, group * self.batch_size)
+        try:
+            self._t.pool.use_layout(new)
+        except MemoryError:
+            return
         with uninterrupted():
-            try:
-                self._pool.use_layout(stacked_layout.resized(
-                    layout, group * self.batch_size))
-            except MemoryError:
-                return
-            if self._group == 1:
-                self._regroup = (0, None, None)
-            self._pool.slots.batch_size = group * self.batch_size
-            self._pool.read_ahead = True
-            self._group = group
-            self._tune_depth(self._pool.slots.layout.slot_bytes)
+            self._t.grouping.grouped(first=self._t.groups.size == 1)
+            self._t.pool.slots.batch_size = group * self.batch_size
+            self._t.pool.read_ahead = True
+            self._t.groups.size = group
+            self._t.tuned = False       # tuned in _collect if cut short
+        self._tune_depth(new.slot_bytes)
 
     def _submit(self, step):
-        if self._pool is None:
+        if self._t.pool is None:
             self._start_pool()
-        if self._group == 1:
-            return self._pool.submit(step, self._pass_seed)
-        group = self._open
-        if group is None:
-            group = self._open = _Group(self._pass_seed,
-                                        self._padding is not None)
-        member = _Member(group, len(group.steps))
-        group.steps.append(step)
-        if len(group.steps) == self._group:
-            # The receiver thread is woken for it by a later next()
-            # (_work_ahead), or when it wakes anyway.
-            self._send(group, wake=False)
-        return member
-
-    def _send(self, group, wake=True):
-        """Post a full group: the receiver thread submits it, between
-        ``next()`` calls (a group of 32 small batches took ``next()``
-        0.3 ms to submit, 3x a ``next()`` that submits nothing)."""
-        if self._open is group:
-            self._open = None
-        self._pool.post(group, wake)
+        if self._t.groups.size == 1:
+            return self._t.pool.submit(step, self._pass_seed)
+        return self._t.groups.add(self._t.pool, step, self._pass_seed,
+                                  self._options.padding is not None)
 
     def _collect_member(self, member):
         group = member.group
-        if group.handle is None:
-            if self._open is group:     # not full: it goes as it is
-                self._send(group)
-            # Posted, and the receiver thread has not got to it yet.
-            self._pool.submit_posted()
-            if group.error is not None:
-                raise group.error
+        groups = self._t.groups
+        groups.sent(self._t.pool, group)
         if not group.arrived:
             if group.taken is not None:     # taken ahead, not read yet
                 self._arrive(group, group.taken)
             else:
-                batch, chunks, error = self._wait(group.handle)
+                batch, chunks, error = reading.wait(
+                    self._t.pool, group.handle, self.dataset_timeout)
                 if error is not None:
                     return self._ungroup()
                 self._arrive(group, batch, chunks)
-        if group.taken is not None:
-            # Taken ahead: its slot is the user's from now on (a fork
-            # then keeps it for the child).
-            self._pool.hand_out(group.taken)
-            group.taken = self._ahead_group = None
-        a, b = group.bounds[member.index], group.bounds[member.index + 1]
-        last = member.index + 1 == len(group.steps)
-        self._by_copy += group.by_copy
-        if group.stacked is not None:
-            batch = _rows(group.stacked, a, b)
-            if group.tops is not None:
-                batch = stacked_rows.cut_to(batch, group.layout,
-                                            group.tops[member.index])
-            if last:
-                group.stacked = None    # the slot is free once the user's
-            self._work_ahead(member)    # arrays are gone
-            return batch
-        examples = group.examples[a:b]
-        if last:
-            group.examples = None
+        groups.hand_out_taken(self._t.pool, group)
+        self._t.by_copy += group.by_copy
+        stacked, examples = group.cut(member.index)
         self._work_ahead(member)
+        if examples is None:
+            return stacked
         return self._convert(examples)
 
     def _arrive(self, group, batch, chunks=None):
         """Take in the finished batch of a group: read it, or its
         examples, for its members to be cut from.  ``chunks``: what
-        ``_wait`` returned; None for the batch taken ahead
+        ``reading.wait`` returned; None for the batch taken ahead
         (``group.taken``: read by the receiver thread, no error in it,
         handed out with its first batch)."""
-        group.arrived = True
-        if self._padding is not None:
-            if chunks is None:
-                chunks = _metas(batch)
-            chunks = [part for chunk in chunks for part in chunk.metas]
-            group.tops = _batch_tops(batch.buffers, chunks, group.bounds)
-            group.layout = batch.buffers and batch.buffers.layout
+        group.arrived_as(batch, chunks)
         if batch is group.taken:
             group.stacked = batch.prepared[1]
         else:
-            group.stacked, group.examples, group.by_copy = self._read(
-                batch, chunks)
+            group.stacked, group.examples, group.by_copy, slot_bytes = \
+                reading.read(self._t.pool, batch, chunks, self._fitting)
+            if slot_bytes is not None:
+                self._tune_depth(slot_bytes)
         if group.stacked is not None and batch.slot is not None:
             # Arrays the iterator keeps: a fork while the user holds
             # none of this group's batches leaves the slot in use.
-            self._pool.slots.keep(batch.slot, group)
-        if self._regroup is not None and group.stacked is not None:
-            self._measure_again(len(group.steps))
+            self._t.pool.slots.keep(batch.slot, group)
+        if group.stacked is not None:
+            per_batch = self._t.grouping.group_arrived(
+                len(group.steps), self._t.pool.book.meter.sample,
+                self.batch_size)
+            if per_batch is not None:
+                self._choose_group(per_batch)
         if group.stacked is None and batch.slot is not None:
             # Examples that differ among the batches (bucketed data, a
             # changed dtype) do not stack as one: from now on each batch
@@ -735,61 +406,8 @@ class MultiprocessIterator(DatasetIterator):
             self._stop_grouping()
 
     def _work_ahead(self, member):
-        """The main thread's part in loading the next groups, spread over
-        the ``next()`` calls that hand out this one (a group's first
-        ``next()`` did it all, and took 3-4x the others: 0.05 against
-        0.015 ms, on groups of tiny batches).  A quarter of the way
-        through this group the receiver thread is woken for the groups
-        posted since (``Pool.wake_posted``); halfway through, the next
-        group's batch is taken from the pool (``Pool.take``) if it has
-        arrived, read ahead by the receiver thread (it then holds no
-        error); three quarters through, the batch taken is read."""
-        size = len(member.group.steps)
-        index = member.index
-        if index == size // 4:
-            self._pool.wake_posted()
-        if index == size // 2:
-            self._take_ahead(member, size)
-        if index == 3 * size // 4:
-            ahead = self._ahead_group
-            if ahead is not None and not ahead.arrived:
-                self._arrive(ahead, ahead.taken)
-
-    def _take_ahead(self, member, size):
-        pending = self._pending
-        offset = size - member.index    # the next group's first batch
-        if offset >= len(pending):
-            return
-        handle = pending[offset][1]
-        if type(handle) is not _Member or handle.index != 0:
-            return
-        ahead = handle.group
-        if ahead.handle is None or ahead.arrived or ahead.taken is not None:
-            return
-        ahead.taken = self._pool.take(ahead.handle)
-        if ahead.taken is not None:
-            self._ahead_group = ahead
-
-    def _measure_again(self, size):
-        """The first measure (of the first ``GROUP_AFTER`` batches) takes
-        the workers' start: each first touches the dataset's pages, and the
-        more workers, the fewer batches each has loaded (16 workers
-        measured twice the time a batch of tiny examples took 2, and
-        chose half their groups).  Once ``REGROUP_AFTER`` more batches
-        have gone, the next as many are measured, and the groups grow if
-        half as large again fit in ``GROUP_S``."""
-        count, load_s, loaded = self._regroup
-        count += size
-        book = self._pool.book
-        if load_s is None:
-            if count >= self.REGROUP_AFTER:
-                count, load_s, loaded = 0, book.load_s, book.loaded
-        elif count >= self.REGROUP_AFTER and book.loaded > loaded:
-            self._regroup = None
-            self._choose_group((book.load_s - load_s) /
-                               (book.loaded - loaded) * self.batch_size)
-            return
-        self._regroup = (count, load_s, loaded)
+        self._t.groups.work_ahead(self._t.pool, member, self._pending,
+                                  self._arrive)
 
     def _ungroup(self):
         """A group failed (an example raised, or killed its worker): load
@@ -802,99 +420,35 @@ class MultiprocessIterator(DatasetIterator):
         return self._collect(self._pending[0][1])
 
     def _stop_grouping(self):
-        if self._group > 1:
-            if self._open is not None:
-                # The group being filled goes now, before the batches
-                # that follow it go one by one: the pool hands batches
-                # out in the order they were sent.
-                self._send(self._open)
-            self._group = 1
-            self._pool.read_ahead = False
-            self._regroup = None
-            self._prefetch_depth = self._pool.book.n_prefetch
-
-    def _collect_converted(self, pool, batch, chunks):
-        """The batch the converter made in a worker."""
-        metas = [meta for chunk in chunks for meta in chunk]
-        if len(metas) != 1:      # a batch cut among workers: never made
-            raise ChainiterError(
-                'MultiprocessIterator with converter_in_workers=True got a '
-                'batch in {} parts; please report this'.format(len(metas)))
-        meta, = metas
-        if type(meta) is converted.Failed:
-            raise converted.rebuild_error(meta.error, batch.step.indices)
-        exporter = pool.hand_out(batch)
-        if type(meta) is not Whole:
-            return converted.read_result(
-                numpy.frombuffer(exporter, dtype=numpy.uint8), meta)
-        self._by_copy += 1
-        result = meta.example
-        layout = None if exporter is None else batch.buffers.layout
-        if layout is not None or pool.slots.layout is None:
-            self._fit_buffers([result], layout,
-                              () if layout is None else [result])
-            if layout is None and pool.slots.layout is not None:
-                self._tune_depth(pool.slots.layout.slot_bytes)
-        return result
+        groups = self._t.groups
+        if groups.size == 1:
+            return
+        pool = self._t.pool
+        groups.stop(pool)
+        self._t.grouping.stopped()
+        pool.read_ahead = False
+        # Slots of one batch again (their batch size first: an interrupt
+        # in between leaves slots larger than they need be, never too
+        # small), and the depth of batches that go one by one.
+        pool.slots.batch_size = self.batch_size
+        layout = pool.slots.layout
+        if layout.mode == 'stacked':
+            try:
+                pool.use_layout(stacked_layout.resized(layout,
+                                                       self.batch_size))
+            except MemoryError:
+                pass        # the slots of a group hold a batch too
+        self._tune_depth(pool.slots.layout.slot_bytes)
 
     def _convert(self, examples):
-        if self.converter is not None:
-            return self.converter(examples)
+        if self._options.converter is not None:
+            return self._options.converter(examples)
         return examples
-
-    def _fit_buffers(self, examples, layout, oversize):
-        """Size the buffers from a batch that did not (fully) go through
-        them: the first batch, or one with an oversize example."""
-        slots = self._pool.slots
-        if slots.cannot_grow:
-            return
-        new, mismatch = slots.fit(examples, layout, oversize)
-        if mismatch is not None:
-            self._warn_mismatch(mismatch)
-        if new is None:
-            return
-        if layout is not None and oversize and not self._warned_size:
-            self._warned_size = True
-            need = max(slots.measure(e) for e in oversize)
-            warnings.warn(
-                ('a converted batch' if self._in_workers else 'an example') +
-                ' with {} bytes of arrays did not fit its shared '
-                'memory ({} bytes per example); it was delivered intact '
-                'through a copy and the buffers were enlarged. Pass '
-                'shared_mem={} (or more) to reserve enough from the '
-                'start'.format(need, layout.slot_bytes // slots.batch_size,
-                               new.slot_bytes // slots.batch_size),
-                SharedMemoryWarning, stacklevel=4)
-        if layout is None:
-            self._pool.use_layout(new)   # no room at all: a clear error
-            return
-        try:
-            self._pool.use_layout(new)
-            self._tune_depth(new.slot_bytes)
-        except MemoryError as e:
-            # The old buffers stay; larger examples keep coming by copy.
-            slots.cannot_grow = True
-            warnings.warn('the shared-memory buffers could not be enlarged, '
-                          'so larger examples keep coming by copy: {}'.format(
-                              e), SharedMemoryWarning, stacklevel=4)
-
-    def _warn_mismatch(self, how):
-        if self._warned_mismatch:
-            return
-        self._warned_mismatch = True
-        warnings.warn(
-            'a batch did not match the layout measured from the first batch '
-            '({}) in a way the shared-memory buffers cannot adapt to, so the '
-            'main process stacked it from copies, which is slower; every '
-            'such batch is. Give every example the same structure (and '
-            'padded fields the same dtype and number of dimensions) to have '
-            'the workers stack it in shared memory'.format(how),
-            SharedMemoryWarning, stacklevel=5)
 
     def finalize(self) -> None:
         # Whole or not at all: a Ctrl-C comes once the pool is closed.
         with uninterrupted():
             self._leave_parents_pool()     # nothing of the parent's to end
             super().finalize()
-            if self._finalizer is not None:
-                self._finalizer()
+            if self._t.finalizer is not None:
+                self._t.finalizer()

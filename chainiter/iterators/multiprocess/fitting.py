@@ -1,0 +1,69 @@
+"""Buffer fitting: sizing the shared-memory buffers from a batch that did
+not (fully) go through them (the first batch, or one with an oversize
+example), and the warnings that tell the user, each given once."""
+
+import warnings
+
+from chainiter.errors import SharedMemoryWarning
+
+
+class Fitting:
+    """The warnings given so far (copied and pickled with the iterator)."""
+
+    def __init__(self):
+        self.warned_size = False
+        self.warned_mismatch = False
+
+    def fit(self, pool, examples, layout, oversize, in_workers):
+        """Size ``pool``'s buffers for ``examples``, of which ``oversize``
+        did not fit ``layout`` (None: no buffers yet).  Returns the new
+        slot bytes when the buffers were enlarged (the depth follows
+        them), else None.  Called by ``reading.read`` and
+        ``reading.read_converted`` from the iterator's ``_collect`` (or
+        ``_arrive``): the warnings' ``stacklevel`` counts those frames."""
+        slots = pool.slots
+        if slots.cannot_grow:
+            return None
+        new, mismatch = slots.fit(examples, layout, oversize)
+        if mismatch is not None:
+            self._warn_mismatch(mismatch)
+        if new is None:
+            return None
+        if layout is not None and oversize and not self.warned_size:
+            self.warned_size = True
+            need = max(slots.measure(e) for e in oversize)
+            warnings.warn(
+                ('a converted batch' if in_workers else 'an example') +
+                ' with {} bytes of arrays did not fit its shared '
+                'memory ({} bytes per example); it was delivered intact '
+                'through a copy and the buffers were enlarged. Pass '
+                'shared_mem={} (or more) to reserve enough from the '
+                'start'.format(need, layout.slot_bytes // slots.batch_size,
+                               new.slot_bytes // slots.batch_size),
+                SharedMemoryWarning, stacklevel=4)
+        if layout is None:
+            pool.use_layout(new)   # no room at all: a clear error
+            return None
+        try:
+            pool.use_layout(new)
+        except MemoryError as e:
+            # The old buffers stay; larger examples keep coming by copy.
+            slots.cannot_grow = True
+            warnings.warn('the shared-memory buffers could not be enlarged, '
+                          'so larger examples keep coming by copy: {}'.format(
+                              e), SharedMemoryWarning, stacklevel=4)
+            return None
+        return new.slot_bytes
+
+    def _warn_mismatch(self, how):
+        if self.warned_mismatch:
+            return
+        self.warned_mismatch = True
+        warnings.warn(
+            'a batch did not match the layout measured from the first batch '
+            '({}) in a way the shared-memory buffers cannot adapt to, so the '
+            'main process stacked it from copies, which is slower; every '
+            'such batch is. Give every example the same structure (and '
+            'padded fields the same dtype and number of dimensions) to have '
+            'the workers stack it in shared memory'.format(how),
+            SharedMemoryWarning, stacklevel=5)
