@@ -15,7 +15,7 @@ def step(start, n, epoch=0):
 
 
 def result(task, payload=('metas', None)):
-    return (task.generation, task.seq, task.chunk, pickle.dumps(payload))
+    return (task.generation, task.seq, task.chunk, payload)
 
 
 def book_with_workers(n_workers=2, n_prefetch=1, max_tasks=None):

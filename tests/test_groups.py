@@ -517,3 +517,21 @@ def test_forks_keep_only_the_slots_of_batches_handed_out(method):
     # a slot or two more as the pipeline may use, not one a fork (which
     # was 14 descriptors more after the 10th fork than after the first).
     assert all(b - a <= 4 for a, b in zip(counts[0], counts[-1])), counts
+
+
+def test_a_worker_death_in_groups_is_told(method, tmp_path):
+    # Groups taken ahead by the receiver thread never pass through the
+    # pool's wait: the warning of a death among them must reach the user
+    # all the same, and nothing is lost.
+    dataset = helpers.Faulty(400, bad=301, fault='exit',
+                             once_file=str(tmp_path / 'happened'))
+    with pytest.warns(chainiter.WorkerRestartWarning, match='exit code 7'):
+        with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                                  converter=concat_examples,
+                                  start_method=method) as it:
+            got = [fingerprint(next(it)) for _ in range(150)]
+    expected = [fingerprint(concat_examples([dataset[i] for i in
+                                             range(k * 4, k * 4 + 4)]))
+                for k in range(100)]
+    expected += expected[:50]
+    assert got == expected

@@ -164,7 +164,8 @@ lock (the GIL makes those atomic); the table says where that is the rule.
 +-----------------------+------------------+---------------+------------------+
 
 What the receiver thread does under ``pool.lock``: a worker's results
-(``book.on_result``, which unpickles them), its exit and the workers
+(``book.on_result``; they are unpickled before, without the lock:
+``wire.load_result``), its exit and the workers
 started in its place, a posted group's ``submit`` (with its slots: slot
 allocation runs in this thread too), reading a finished batch ahead.
 It reads the sockets, writes the outboxes and rests without it.  At a

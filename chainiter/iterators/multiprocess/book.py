@@ -11,15 +11,13 @@ loaded, an exception in ``next()``) drops the batches in flight, and
 results of older generations are ignored.
 """
 
-import pickle
-import traceback
 
 from chainiter.errors import ChainiterError, WorkerDiedError
 from chainiter.iterators.multiprocess.reorder import Reorderer
 from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
 from chainiter.iterators.multiprocess.load_meter import LoadMeter
 from chainiter.iterators.multiprocess.remote import RemoteError
-from chainiter.iterators.multiprocess.wire import Result, Task
+from chainiter.iterators.multiprocess.wire import Result, Task, Unreadable
 
 MAX_DEATHS_PER_BATCH = 3
 
@@ -176,8 +174,9 @@ class Book:
         tasks, self.unassigned = self.unassigned, []
         return [task for task in tasks if task.generation == self.generation]
 
-    def on_result(self, key, generation, seq, chunk, payload):
-        """A worker's result; returns the batches now ready, in order."""
+    def on_result(self, key, generation, seq, chunk, loaded):
+        """A worker's result, as ``wire.load_result`` unpickled it; returns
+        the batches now ready, in order."""
         held = self._held.get(key)
         task = None if held is None else held.tasks.pop((seq, chunk), None)
         if task is not None:
@@ -187,20 +186,20 @@ class Book:
         batch = self.inflight.get(seq)
         if batch is None:
             return []
-        try:
-            loaded = pickle.loads(payload)
-            metas, error = loaded[0], loaded[1]
-            if len(loaded) > 2:     # how long the worker took
-                self.meter.add(loaded[2], len(task.step),
-                               loaded[3] if len(loaded) > 3 else 0.0)
-        except Exception as e:
+        if type(loaded) is Unreadable:
+            e = loaded.error
             metas, error = [], RemoteError(
                 None, type(e).__qualname__,
                 'the examples of dataset indices {} came back from the '
                 'worker but cannot be unpickled in the main process: {}: '
                 '{}'.format(short_list(task.indices), type(e).__qualname__,
                             e),
-                traceback.format_exc(), int(task.indices[0]))
+                loaded.traceback, int(task.indices[0]))
+        else:
+            metas, error = loaded[0], loaded[1]
+            if len(loaded) > 2:     # how long the worker took
+                self.meter.add(loaded[2], len(task.step),
+                               loaded[3] if len(loaded) > 3 else 0.0)
         batch.results[chunk] = Result(generation, seq, chunk, metas, error)
         if len(batch.results) == batch.n_chunks:
             return self._complete(batch)

@@ -355,6 +355,10 @@ class MultiprocessIterator(DatasetIterator):
 
     def _collect_member(self, member):
         group = member.group
+        if member.index == 0:
+            # A group taken ahead comes without Pool.wait, which raises the
+            # warnings kept meanwhile (a worker's death among them).
+            self._t.pool.raise_events()
         groups = self._t.groups
         groups.sent(self._t.pool, group)
         if not group.arrived:

@@ -158,10 +158,11 @@ class PoolWorkers:
                     self.book.n_prefetch, e))))
             return None
 
-    def on_result(self, worker, generation, seq, chunk, payload):
-        """A worker's result (receiver thread, under the lock)."""
+    def on_result(self, worker, generation, seq, chunk, loaded):
+        """A worker's result, unpickled (``wire.load_result``) before the
+        lock was taken (receiver thread, under the lock)."""
         self._put_ready(self.book.on_result(worker.key, generation, seq,
-                                            chunk, payload))
+                                            chunk, loaded))
 
     def on_no_room(self, size, reason):
         """A worker could not reserve a slot's memory (receiver thread,

@@ -19,7 +19,8 @@ import threading
 
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess import remote
-from chainiter.iterators.multiprocess.wire import receive_results
+from chainiter.iterators.multiprocess.wire import (
+    load_result, receive_results)
 from chainiter.iterators.multiprocess.worker import (
     NO_ROOM, STARTED, STARTUP_FAILED)
 
@@ -243,7 +244,7 @@ class Receiver:
     def _read(self, worker):
         """Read the results waiting in the worker's socket."""
         try:
-            messages = receive_results(worker.conn)
+            messages = _loaded(receive_results(worker.conn))
         except (EOFError, OSError):
             worker.at_eof = True   # it has exited; the launcher tells
             self._dirty = True
@@ -256,19 +257,37 @@ class Receiver:
         (under the pool's lock)."""
         try:
             while worker.conn.poll():
-                self._deliver(worker, receive_results(worker.conn))
+                self._deliver(worker, _loaded(receive_results(worker.conn)))
         except (EOFError, OSError):
             pass
 
     def _deliver(self, worker, messages):
+        """Hand the pool the messages ``_loaded`` unpickled (under the
+        pool's lock)."""
         pool = self._pool
-        for generation, seq, chunk, payload in messages:
+        for generation, seq, chunk, value in messages:
             if seq == STARTED:
                 worker.started = True
             elif seq == STARTUP_FAILED:
-                pool.on_startup_failure(worker,
-                                        remote.startup_error(payload))
+                pool.on_startup_failure(worker, value)
             elif seq == NO_ROOM:
-                pool.on_no_room(*pickle.loads(payload))
+                pool.on_no_room(*value)
             else:
-                pool.on_result(worker, generation, seq, chunk, payload)
+                pool.on_result(worker, generation, seq, chunk, value)
+
+
+def _loaded(messages):
+    """The messages with their payloads unpickled, before the pool's lock
+    is taken (``wire.load_result``)."""
+    out = []
+    for generation, seq, chunk, payload in messages:
+        if seq == STARTUP_FAILED:
+            value = remote.startup_error(payload)
+        elif seq == NO_ROOM:
+            value = pickle.loads(payload)
+        elif seq == STARTED:
+            value = None
+        else:
+            value = load_result(payload)
+        out.append((generation, seq, chunk, value))
+    return out

@@ -191,6 +191,23 @@ def send_frame(conn, data):
         sent += os.write(fd, framed[sent:])
 
 
+class Unreadable(typing.NamedTuple):
+    """A result whose payload cannot be unpickled in the main process."""
+    error: Exception
+    traceback: str
+
+
+def load_result(payload):
+    """A result's payload, ``(metas, error, seconds, queued)``, or an
+    ``Unreadable``.  The receiver thread unpickles it before it takes the
+    pool's lock: unpickling runs the user's code (``__setstate__``, a
+    large example), which the main thread must not wait for."""
+    try:
+        return pickle.loads(payload)
+    except Exception as e:
+        return Unreadable(e, traceback.format_exc())
+
+
 def receive_results(conn):
     """Every result waiting in ``conn``, as ``(generation, seq, chunk,
     payload)`` (``payload``: a memoryview of the pickled rest, see
