@@ -20,7 +20,8 @@ class Fitting:
         slot bytes when the buffers were enlarged (the depth follows
         them), else None.  Called by ``reading.read`` and
         ``reading.read_converted`` from the iterator's ``_collect`` (or
-        ``_arrive``): the warnings' ``stacklevel`` counts those frames."""
+        ``group_flow.arrive``): the warnings' ``stacklevel`` counts those
+        frames."""
         slots = pool.slots
         if slots.cannot_grow:
             return None

@@ -14,7 +14,7 @@ from chainiter._interrupts import uninterrupted
 from chainiter.errors import TimeoutWarning
 from chainiter.iterators import order_samplers
 from chainiter.iterators._base import DatasetIterator, _Failed
-from chainiter.iterators.multiprocess import reading, stacked_layout
+from chainiter.iterators.multiprocess import group_flow, reading
 from chainiter.iterators.multiprocess import depth as _depth, worker_stats
 from chainiter.iterators.multiprocess import options as _options
 from chainiter.iterators.multiprocess.fitting import Fitting
@@ -288,7 +288,7 @@ class MultiprocessIterator(DatasetIterator):
             # made and before the depth was tuned.
             self._tune_depth(self._t.pool.slots.layout.slot_bytes)
         if type(handle) is Member:
-            return self._collect_member(handle)
+            return group_flow.collect_member(self, handle)
         pool = self._t.pool
         batch, chunks, error = reading.wait(pool, handle,
                                             self.dataset_timeout)
@@ -312,38 +312,9 @@ class MultiprocessIterator(DatasetIterator):
                 per_batch = grouping.batch_stacked(
                     len(batch.step), self._t.pool.book.meter.sample)
                 if per_batch is not None:
-                    self._choose_group(per_batch)
+                    group_flow.choose_group(self, per_batch)
             return stacked
         return self._convert(examples)
-
-    # ---- groups: several small batches loaded as one ----------------------
-
-    def _choose_group(self, per_batch):
-        """Group the batches as ``Grouping.size`` says, within the budget
-        of ``depth.largest_group``."""
-        layout = self._t.pool.slots.layout
-        fits = _depth.largest_group(self._options, stacked_layout.resized(
-            layout, self.batch_size).slot_bytes)
-        group = self._t.grouping.size(per_batch, fits, self._t.groups.size)
-        if group is None:
-            return
-        # The buffers first, then the rest, all of it or nothing: slots
-        # sized for one batch with buffers of K batches' rows hold what
-        # goes alone meanwhile, and an interrupt in between leaves them
-        # so; the other way round they would be grown too small.  The
-        # waits for the pool's lock stay interruptible (Pool.submit).
-        new = stacked_layout.resized(layout, group * self.batch_size)
-        try:
-            self._t.pool.use_layout(new)
-        except MemoryError:
-            return
-        with uninterrupted():
-            self._t.grouping.grouped(first=self._t.groups.size == 1)
-            self._t.pool.slots.batch_size = group * self.batch_size
-            self._t.pool.read_ahead = True
-            self._t.groups.size = group
-            self._t.tuned = False       # tuned in _collect if cut short
-        self._tune_depth(new.slot_bytes)
 
     def _submit(self, step):
         if self._t.pool is None:
@@ -352,97 +323,6 @@ class MultiprocessIterator(DatasetIterator):
             return self._t.pool.submit(step, self._pass_seed)
         return self._t.groups.add(self._t.pool, step, self._pass_seed,
                                   self._options.padding is not None)
-
-    def _collect_member(self, member):
-        group = member.group
-        if member.index == 0:
-            # A group taken ahead comes without Pool.wait, which raises the
-            # warnings kept meanwhile (a worker's death among them).
-            self._t.pool.raise_events()
-        groups = self._t.groups
-        groups.sent(self._t.pool, group)
-        if not group.arrived:
-            if group.taken is not None:     # taken ahead, not read yet
-                self._arrive(group, group.taken)
-            else:
-                batch, chunks, error = reading.wait(
-                    self._t.pool, group.handle, self.dataset_timeout)
-                if error is not None:
-                    return self._ungroup()
-                self._arrive(group, batch, chunks)
-        groups.hand_out_taken(self._t.pool, group)
-        self._t.by_copy += group.by_copy
-        stacked, examples = group.cut(member.index)
-        self._work_ahead(member)
-        if examples is None:
-            return stacked
-        return self._convert(examples)
-
-    def _arrive(self, group, batch, chunks=None):
-        """Take in the finished batch of a group: read it, or its
-        examples, for its members to be cut from.  ``chunks``: what
-        ``reading.wait`` returned; None for the batch taken ahead
-        (``group.taken``: read by the receiver thread, no error in it,
-        handed out with its first batch)."""
-        group.arrived_as(batch, chunks)
-        if batch is group.taken:
-            group.stacked = batch.prepared[1]
-        else:
-            group.stacked, group.examples, group.by_copy, slot_bytes = \
-                reading.read(self._t.pool, batch, chunks, self._fitting)
-            if slot_bytes is not None:
-                self._tune_depth(slot_bytes)
-        if group.stacked is not None and batch.slot is not None:
-            # Arrays the iterator keeps: a fork while the user holds
-            # none of this group's batches leaves the slot in use.
-            self._t.pool.slots.keep(batch.slot, group)
-        if group.stacked is not None:
-            per_batch = self._t.grouping.group_arrived(
-                len(group.steps), self._t.pool.book.meter.sample,
-                self.batch_size)
-            if per_batch is not None:
-                self._choose_group(per_batch)
-        if group.stacked is None and batch.slot is not None:
-            # Examples that differ among the batches (bucketed data, a
-            # changed dtype) do not stack as one: from now on each batch
-            # goes alone.  (A group that found no free slot, its batches
-            # held, came through the socket as it is.)
-            self._stop_grouping()
-
-    def _work_ahead(self, member):
-        self._t.groups.work_ahead(self._t.pool, member, self._pending,
-                                  self._arrive)
-
-    def _ungroup(self):
-        """A group failed (an example raised, or killed its worker): load
-        its batches, and all that follow, one by one, so that the error
-        comes from the batch that holds the example, after the batches
-        before it."""
-        self._rewind()
-        self._stop_grouping()
-        self._dispatch_until(1)
-        return self._collect(self._pending[0][1])
-
-    def _stop_grouping(self):
-        groups = self._t.groups
-        if groups.size == 1:
-            return
-        pool = self._t.pool
-        groups.stop(pool)
-        self._t.grouping.stopped()
-        pool.read_ahead = False
-        # Slots of one batch again (their batch size first: an interrupt
-        # in between leaves slots larger than they need be, never too
-        # small), and the depth of batches that go one by one.
-        pool.slots.batch_size = self.batch_size
-        layout = pool.slots.layout
-        if layout.mode == 'stacked':
-            try:
-                pool.use_layout(stacked_layout.resized(layout,
-                                                       self.batch_size))
-            except MemoryError:
-                pass        # the slots of a group hold a batch too
-        self._tune_depth(pool.slots.layout.slot_bytes)
 
     def _convert(self, examples):
         if self._options.converter is not None:
