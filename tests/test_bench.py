@@ -71,7 +71,7 @@ def test_memory_is_summed_over_the_worker_processes():
     with chainiter.MultiprocessIterator(Pids(), 12, n_processes=2,
                                         shuffle=False) as it:
         pids = {example[1] for example in next(it)}
-        found = set(runner._descendants(os.getpid()))
+        found = set(runner.descendants(os.getpid()))
         assert pids | {os.getpid()} <= found
         assert found == set(runner._descendants_by_scan(os.getpid()))
 

@@ -69,7 +69,7 @@ def touch(batch):
     return touch(numpy.ascontiguousarray(array))
 
 
-def _descendants(pid):
+def descendants(pid):
     """``pid`` and every process below it: from /proc/*/task/*/children
     (a few reads), or a scan of every process where the kernel lacks it."""
     if not os.path.exists('/proc/{0}/task/{0}/children'.format(pid)):
@@ -107,7 +107,7 @@ def _descendants_by_scan(pid):
     return out
 
 
-def _pss_bytes(pid):
+def pss_bytes(pid):
     try:
         with open('/proc/{}/smaps_rollup'.format(pid)) as f:
             for line in f:
@@ -138,7 +138,7 @@ class PeakPss:
         self.interval = _PSS_TIMED_INTERVAL_S
 
     def sample(self):
-        total = sum(_pss_bytes(p) for p in _descendants(os.getpid()))
+        total = sum(pss_bytes(p) for p in descendants(os.getpid()))
         self.peak = max(self.peak, total)
 
     def stop(self):

@@ -81,8 +81,8 @@ def _rss_bytes():
 
 
 def _tree_pss():
-    from chainiter.bench.runner import _descendants, _pss_bytes
-    return sum(_pss_bytes(pid) for pid in _descendants(os.getpid()))
+    from chainiter.bench.runner import descendants, pss_bytes
+    return sum(pss_bytes(pid) for pid in descendants(os.getpid()))
 
 
 class Timed(list):

@@ -1,7 +1,7 @@
 from typing import Any, Callable, Optional
 
 from chainiter.datasets import _columns
-from chainiter.datasets.tuple_dataset import _is_batch_index, _length
+from chainiter.datasets.tuple_dataset import is_batch_index, checked_length
 
 
 class DictDataset:
@@ -13,7 +13,7 @@ class DictDataset:
     def __init__(self, **datasets: Any) -> None:
         if not datasets:
             raise ValueError('DictDataset needs at least one dataset')
-        lengths = {key: _length(d, 'dataset {!r}'.format(key))
+        lengths = {key: checked_length(d, 'dataset {!r}'.format(key))
                    for key, d in datasets.items()}
         if len(set(lengths.values())) != 1:
             raise ValueError(
@@ -26,7 +26,7 @@ class DictDataset:
     def __getitem__(self, index: Any) -> Any:
         fields = {key: dataset[index]
                   for key, dataset in self._datasets.items()}
-        if _is_batch_index(index):
+        if is_batch_index(index):
             length = len(next(iter(fields.values())))
             return [{key: value[i] for key, value in fields.items()}
                     for i in range(length)]

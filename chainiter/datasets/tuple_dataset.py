@@ -5,7 +5,7 @@ import numpy
 from chainiter.datasets import _columns
 
 
-def _length(dataset, name):
+def checked_length(dataset, name):
     try:
         return len(dataset)
     except TypeError:
@@ -14,7 +14,7 @@ def _length(dataset, name):
                         ) from None
 
 
-def _is_batch_index(index):
+def is_batch_index(index):
     return isinstance(index, (slice, list, numpy.ndarray))
 
 
@@ -31,7 +31,7 @@ class TupleDataset:
     def __init__(self, *datasets: Any) -> None:
         if not datasets:
             raise ValueError('TupleDataset needs at least one dataset')
-        lengths = [_length(d, 'dataset {}'.format(i))
+        lengths = [checked_length(d, 'dataset {}'.format(i))
                    for i, d in enumerate(datasets)]
         if len(set(lengths)) != 1:
             raise ValueError(
@@ -43,7 +43,7 @@ class TupleDataset:
 
     def __getitem__(self, index: Any) -> Any:
         fields = [dataset[index] for dataset in self._datasets]
-        if _is_batch_index(index):
+        if is_batch_index(index):
             return list(zip(*fields))
         return tuple(fields)
 

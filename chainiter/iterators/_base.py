@@ -107,14 +107,6 @@ class Iterator(_Root):
         """Save or load the iterator's state (Chainer's protocol)."""
 
 
-#: Kept for the modules that import it from here.
-_is_deserializer = _snapshot.is_deserializer
-
-
-#: Kept for the modules that import it from here.
-_Failed = Failed
-
-
 class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 

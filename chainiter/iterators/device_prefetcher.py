@@ -9,7 +9,8 @@ from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
 from chainiter.dataset.async_transfer import transfer_for
 from chainiter.dataset.convert import concat_examples, to_device
-from chainiter.iterators._base import Iterator, _is_deserializer
+from chainiter.iterators import _snapshot
+from chainiter.iterators._base import Iterator
 from chainiter.iterators._loop import EpochView
 
 _ATTRIBUTES = ('epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
@@ -182,7 +183,7 @@ class DevicePrefetcher(Iterator):
         self._current = None
 
     def serialize(self, serializer: Any) -> None:
-        if _is_deserializer(serializer):
+        if _snapshot.is_deserializer(serializer):
             self.iterator.serialize(serializer)
             self._drop_ahead()
             self._current = None

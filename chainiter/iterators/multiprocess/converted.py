@@ -23,7 +23,7 @@ import numpy
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess import list_layout, remote
 from chainiter.iterators.multiprocess.book import short_list
-from chainiter.iterators.multiprocess.layout import ShmRef, Whole, _align
+from chainiter.iterators.multiprocess.layout import ShmRef, Whole, align
 
 # Arrays this deep in a result go into shared memory: those of the result
 # (a tuple, list or dict) and of its tuples, lists and dicts.
@@ -64,7 +64,7 @@ def _put(whole, value, offset, depth):
         start = offset[0]
         numpy.copyto(whole[start:start + n].view(value.dtype).reshape(
             value.shape), value)
-        offset[0] += _align(n)
+        offset[0] += align(n)
         return ShmRef(start, n, value.shape, value.dtype)
     if depth < _DEPTH and type(value) in (tuple, list):
         return type(value)(_put(whole, v, offset, depth + 1) for v in value)
@@ -91,7 +91,7 @@ def read_result(base, meta, depth=0):
 def result_bytes(result, depth=0):
     """Bytes the arrays of ``result`` take in a slot."""
     if list_layout._in_shm(result):
-        return _align(result.nbytes)
+        return align(result.nbytes)
     if depth < _DEPTH and type(result) in (tuple, list):
         return sum(result_bytes(v, depth + 1) for v in result)
     if depth < _DEPTH and type(result) is dict:

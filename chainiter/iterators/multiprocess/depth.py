@@ -3,7 +3,7 @@ budget: the slots of the depth, plus two (the batch the user holds and
 the one being handed out), within ``prefetch_bytes``; a floor below which
 no budget goes, and the room the limit of open files leaves.  Pure."""
 
-from chainiter.iterators.multiprocess.slots import _SPARE_DESCRIPTORS
+from chainiter.iterators.multiprocess.room import SPARE_DESCRIPTORS
 
 
 def floor(n, cpus, batch_size, whole):
@@ -23,7 +23,7 @@ def floor(n, cpus, batch_size, whole):
 def tuned(options, batch_size, slot_bytes, group, room):
     """The depth in jobs (batches, or groups of ``group`` batches) for
     slots of ``slot_bytes`` (a group's slot holds all its batches);
-    ``room``: the descriptors left (``slots.descriptor_room``; None: no
+    ``room``: the descriptors left (``room.descriptor_room``; None: no
     limit)."""
     n = options.n_processes
     fits = options.prefetch_bytes * group // max(slot_bytes, 1) - 2
@@ -40,7 +40,7 @@ def tuned(options, batch_size, slot_bytes, group, room):
         # A slot holds two descriptors here (its file's and its mapping's)
         # and one in each worker, and slots leave a spare (slots.py): take
         # half of the rest, for the program's needs.
-        depth = max(1, min(depth, (room - _SPARE_DESCRIPTORS) // 4 - 2))
+        depth = max(1, min(depth, (room - SPARE_DESCRIPTORS) // 4 - 2))
     return depth
 
 

@@ -13,7 +13,8 @@ from chainiter._cpus import usable_cpus
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import TimeoutWarning
 from chainiter.iterators import order_samplers
-from chainiter.iterators._base import DatasetIterator, _Failed
+from chainiter.iterators._base import DatasetIterator
+from chainiter.iterators._pending import Failed
 from chainiter.iterators.multiprocess import group_flow, reading
 from chainiter.iterators.multiprocess import depth as _depth, worker_stats
 from chainiter.iterators.multiprocess import options as _options
@@ -21,7 +22,7 @@ from chainiter.iterators.multiprocess.fitting import Fitting
 from chainiter.iterators.multiprocess.groups import Member
 from chainiter.iterators.multiprocess.grouping import Grouping
 from chainiter.iterators.multiprocess.transport import Transport
-from chainiter.iterators.multiprocess.slots import descriptor_room
+from chainiter.iterators.multiprocess.room import descriptor_room
 
 
 class MultiprocessIterator(DatasetIterator):
@@ -193,7 +194,7 @@ class MultiprocessIterator(DatasetIterator):
         if self._t.pool is None:
             return 0
         return self._t.groups.ready(
-            [None if isinstance(handle, _Failed) else handle
+            [None if isinstance(handle, Failed) else handle
              for _, handle in list(self._pending)], self._t.pool.n_ready())
 
     def _stats_window_started(self):

@@ -32,7 +32,7 @@ import numpy
 _ALIGN = 64
 
 
-def _align(n):
+def align(n):
     return -(-n // _ALIGN) * _ALIGN
 
 

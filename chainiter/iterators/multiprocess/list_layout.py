@@ -6,7 +6,7 @@ import typing
 import numpy
 
 from chainiter.iterators.multiprocess.layout import (
-    Layout, ShmRef, _align)
+    Layout, ShmRef, align)
 
 # ---- the list layout -----------------------------------------------------
 
@@ -29,12 +29,12 @@ def _fields_of(example):
 
 def example_array_bytes(example):
     """Bytes the top-level arrays of ``example`` take in the list layout."""
-    return sum(_align(value.nbytes) for _, value in _fields_of(example)
+    return sum(align(value.nbytes) for _, value in _fields_of(example)
                if _in_shm(value))
 
 
 def list_layout(batch_size, example_bytes):
-    example_bytes = _align(example_bytes)
+    example_bytes = align(example_bytes)
     return Layout('list', batch_size * example_bytes, example_bytes)
 
 
@@ -53,7 +53,7 @@ def write_list_example(whole, start, layout, example):
         dst = whole[offset:offset + n].view(value.dtype).reshape(value.shape)
         numpy.copyto(dst, value)
         ref = ShmRef(offset, n, value.shape, value.dtype)
-        offset += _align(n)
+        offset += align(n)
         return ref
 
     if type(example) is tuple:
@@ -135,14 +135,14 @@ def write_list_chunk(whole, start, layout, examples):
     for key, column in fixed:
         value = column[0]
         arrays.append((key, offset, value.nbytes, value.shape, value.dtype))
-        offset += _align(value.nbytes)
+        offset += align(value.nbytes)
     ends = [offset] * n
     ragged = []
     for key, column in varying:
         places = []
         for row, value in enumerate(column):
             places.append((ends[row], value.nbytes, value.shape))
-            ends[row] += _align(value.nbytes)
+            ends[row] += align(value.nbytes)
         ragged.append((key, column[0].dtype, places))
     if max(ends) > layout.example_bytes:
         return None

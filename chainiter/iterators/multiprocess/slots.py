@@ -43,13 +43,8 @@ import numpy
 
 from chainiter.iterators.multiprocess import list_layout, stacked_layout
 from chainiter._interrupts import uninterrupted
-from chainiter.iterators.multiprocess.room import (  # NOQA: iterator.py
-    SPARE_DESCRIPTORS, check_room, descriptor_room)
+from chainiter.iterators.multiprocess.room import check_room
 from chainiter.iterators.multiprocess.shm import SharedBuffer
-
-# The old private name, until iterator.py imports SPARE_DESCRIPTORS (and
-# descriptor_room) from room.py.
-_SPARE_DESCRIPTORS = SPARE_DESCRIPTORS
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 

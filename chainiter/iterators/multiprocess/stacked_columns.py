@@ -14,7 +14,7 @@ writes the examples one by one (nothing is ever cut).
 
 from chainiter.datasets._columns import Columns
 from chainiter.iterators.multiprocess.stacked_layout import (
-    ARRAY, NUMPY_SCALAR, Rows, _field_padding, spec_bytes)
+    ARRAY, NUMPY_SCALAR, Rows, field_padding, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
 
 
@@ -61,7 +61,7 @@ def write_stacked_columns(whole, layout, start_row, columns):
                     continue
         one = layout._replace(structure='single', fields=(field,),
                               padded=(0,) if padded else (),
-                              padding=_field_padding(layout, field.key))
+                              padding=field_padding(layout, field.key))
         written = write_stacked_chunk(whole, one, start_row, columns.column(k))
         if written is None:
             return None

@@ -20,7 +20,7 @@ import warnings
 import numpy
 
 from chainiter.dataset.convert import concat_examples
-from chainiter.iterators.multiprocess.layout import Field, Layout, _align
+from chainiter.iterators.multiprocess.layout import Field, Layout, align
 
 # ---- the stacked layout --------------------------------------------------
 
@@ -67,7 +67,7 @@ def stacked_layout(batch, batch_size, padding, capacities=None,
         elif row_bytes is not None and key in row_bytes:
             size = max(size, row_bytes[key])
         fields.append(Field(key, array.dtype.str, capacity, offset, size))
-        offset += _align(size * batch_size)
+        offset += align(size * batch_size)
     return Layout('stacked', offset, structure=structure,
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
@@ -78,7 +78,7 @@ def resized(layout, batch_size):
     offset = 0
     for field in layout.fields:
         fields.append(field._replace(offset=offset))
-        offset += _align(field.row_bytes * batch_size)
+        offset += align(field.row_bytes * batch_size)
     return layout._replace(slot_bytes=offset, fields=tuple(fields))
 
 
@@ -240,7 +240,7 @@ def row_spec(value):
     ``value`` (a field of one example), or None when that is not a numeric
     array."""
     if type(value) is numpy.ndarray:
-        dtype, shape = _native(value.dtype), value.shape
+        dtype, shape = native_dtype(value.dtype), value.shape
     else:
         try:
             array = numpy.asarray([value])
@@ -274,7 +274,7 @@ def padding_of(padding, key, structure):
     return padding
 
 
-def _field_padding(layout, key):
+def field_padding(layout, key):
     return padding_of(layout.padding, key, layout.structure)
 
 
@@ -302,7 +302,7 @@ class Rows(typing.NamedTuple):
     specs: tuple = None
 
 
-def _columns(layout, examples):
+def example_columns(layout, examples):
     """The field values of the examples, field by field, or None when an
     example does not have the layout's structure."""
     if layout.structure == 'tuple':
@@ -326,6 +326,6 @@ def _columns(layout, examples):
     return [examples]
 
 
-def _native(dtype):
+def native_dtype(dtype):
     return dtype.newbyteorder('=') if dtype.byteorder in '<>' else dtype
 

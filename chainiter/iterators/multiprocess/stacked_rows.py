@@ -7,8 +7,8 @@ import numpy
 
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.stacked_layout import (
-    ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, Rows, _columns, _field_padding,
-    _native, kind_of, padded_fields, pads, restored, row_spec, spec_bytes)
+    ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, Rows, example_columns, field_padding,
+    native_dtype, kind_of, padded_fields, pads, restored, row_spec, spec_bytes)
 
 _ndim = operator.attrgetter('ndim')
 _dtype = operator.attrgetter('dtype')
@@ -37,7 +37,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
     example.
     """
     n = len(examples)
-    columns = _columns(layout, examples)
+    columns = example_columns(layout, examples)
     if columns is None:
         return None
     padded = set(padded_fields(layout))
@@ -76,9 +76,9 @@ def write_stacked_chunk(whole, layout, start_row, examples):
                         # numpy.stack gives native byte order: arrays of
                         # the other order are swapped, never mixed.  With
                         # padding concat_examples keeps the first's order.
-                        if {_native(d) for d in dtypes} != {dst.dtype} or \
-                                _field_padding(layout, field.key) is not \
-                                None:
+                        native = {native_dtype(d) for d in dtypes}
+                        if native != {dst.dtype} or field_padding(
+                                layout, field.key) is not None:
                             raise ValueError(dtypes)
                         numpy.stack(column, out=dst, casting='equiv')
                         continue
@@ -128,7 +128,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
         specs.append(None)
         dst = whole[start:start + n * field.row_bytes].view(
             field.dtype).reshape((n,) + field.capacity)
-        pad = _field_padding(layout, field.key)
+        pad = field_padding(layout, field.key)
         capacity = field.capacity
         dtype = dst.dtype
         if len(capacity) == 1:     # the common ragged case: sequences
@@ -238,9 +238,9 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
                 return None
             value = numpy.asarray(value)
             dtype, shape = spec
-            if value.shape != shape or _native(value.dtype) != dtype or (
+            if value.shape != shape or native_dtype(value.dtype) != dtype or (
                     value.dtype != dtype and kind == ARRAY and
-                    _field_padding(layout, field.key) is not None):
+                    field_padding(layout, field.key) is not None):
                 # (concat_examples pads arrays into the first's dtype,
                 # byte order and all.)
                 return None
@@ -256,7 +256,7 @@ def write_stacked_example(whole, layout, start_row, row, example, specs):
                     a > b for a, b in zip(value.shape, field.capacity)):
             return None
         value = numpy.asarray(value)
-        padding = _field_padding(layout, field.key)
+        padding = field_padding(layout, field.key)
         checked.append((i, value, field.dtype, field.capacity, padding,
                         field.offset + row * field.row_bytes,
                         field.row_bytes))
@@ -437,7 +437,7 @@ def one_array(layout, chunks):
             continue
         if not _ANY_SHAPE.issuperset(kind) or (
                 layout.padding is not None and not pads(
-                    _field_padding(layout, field.key), spec[0])):
+                    field_padding(layout, field.key), spec[0])):
             return None
     return specs
 
