@@ -18,8 +18,8 @@ def result(task, payload=('metas', None)):
     return (task.generation, task.seq, task.chunk, payload)
 
 
-def book_with_workers(n_workers=2, n_prefetch=1, max_tasks=None):
-    book = Book(n_workers, n_prefetch, max_tasks)
+def book_with_workers(n_workers=2, n_jobs_ahead=1, max_tasks=None):
+    book = Book(n_workers, n_jobs_ahead, max_tasks)
     for key in range(n_workers):
         book.add_worker(key)
     return book
@@ -31,7 +31,7 @@ def open_and_assign(book, first, n):
 
 
 def test_a_batch_is_cut_into_enough_chunks_to_keep_every_worker_busy():
-    book = book_with_workers(n_workers=4, n_prefetch=2)
+    book = book_with_workers(n_workers=4, n_jobs_ahead=2)
     batch, tasks = book.open_batch(step(10, 6), 7, None, None, -1, -1)
     assert batch.n_chunks == 2 == len(tasks)
     assert [list(t.indices) for t in tasks] == [[10, 11, 12], [13, 14, 15]]
@@ -91,7 +91,7 @@ def test_workers_load_times_add_up():
 
 
 def test_a_death_counts_only_against_the_batch_being_loaded():
-    book = book_with_workers(n_workers=1, n_prefetch=4)
+    book = book_with_workers(n_workers=1, n_jobs_ahead=4)
     batches = [open_and_assign(book, 4 * i, 4)[0] for i in range(4)]
     book.add_worker(1)
     exit = book.worker_exited(0, -9, 'died with signal 9')
@@ -101,7 +101,7 @@ def test_a_death_counts_only_against_the_batch_being_loaded():
 
 
 def test_three_deaths_on_one_batch_fail_it_and_only_it():
-    book = book_with_workers(n_workers=1, n_prefetch=2)
+    book = book_with_workers(n_workers=1, n_jobs_ahead=2)
     first, _ = open_and_assign(book, 0, 4)
     second, _ = open_and_assign(book, 4, 4)
     for key in range(3):
@@ -367,7 +367,7 @@ def test_a_single_worker_stays():
 
 
 def test_tasks_go_to_the_first_active_workers_only():
-    book = book_with_workers(n_workers=4, n_prefetch=8)
+    book = book_with_workers(n_workers=4, n_jobs_ahead=8)
     book.active = 2
     keys = [open_and_assign(book, 4 * i, 4)[1][0][0] for i in range(6)]
     assert set(keys) == {0, 1}

@@ -275,7 +275,7 @@ def test_groups_that_stop_leave_the_depth_of_batches_one_by_one(
             stats = it.stats
             grouped.append(stats['batches_per_task'])
             # The pool counts groups in flight, the iterator batches.
-            assert it._pool.book.n_prefetch * grouped[-1] == \
+            assert it._pool.book.n_jobs_ahead * grouped[-1] == \
                 stats['prefetch']
         assert max(grouped) == 4 and grouped[-1] == 1
         assert (it.stats['prefetch'], it._pool.slots.batch_size) == alone

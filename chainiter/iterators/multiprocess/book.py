@@ -58,10 +58,12 @@ class Exit:
 
 class Book:
 
-    def __init__(self, n_workers, n_prefetch, max_tasks, split=True,
+    def __init__(self, n_workers, n_jobs_ahead, max_tasks, split=True,
                  cpus=None):
         self.n_workers = n_workers
-        self.n_prefetch = n_prefetch
+        # Jobs in flight: batches, or groups of batches (``groups.py``),
+        # where the iterator's ``n_prefetch`` counts batches.
+        self.n_jobs_ahead = n_jobs_ahead
         self.max_tasks = max_tasks
         # False: every batch goes whole to one worker (a converter there
         # takes whole batches), however few are in flight.
@@ -78,7 +80,7 @@ class Book:
         self.meter = LoadMeter()   # the workers' loading, in all
         self.active = n_workers    # how many take tasks (ActiveWorkers)
         self._active_workers = ActiveWorkers(n_workers, cpus)
-        self.set_depth(n_prefetch)
+        self.set_depth(n_jobs_ahead)
 
     # ---- workers -------------------------------------------------------
 
@@ -126,7 +128,7 @@ class Book:
         # Every message costs, tiny examples too: split a batch only as
         # much as needed to keep every worker busy with the batches in
         # flight.
-        n_chunks = min(n, -(-self.n_workers // self.n_prefetch)) \
+        n_chunks = min(n, -(-self.n_workers // self.n_jobs_ahead)) \
             if self.split else 1
         batch = Batch(self.generation, seq, step, n_chunks, slot, buffers)
         self.inflight[seq] = batch
@@ -159,7 +161,7 @@ class Book:
 
     def set_depth(self, depth):
         """``depth`` batches (or groups) in flight from now on."""
-        self.n_prefetch = depth
+        self.n_jobs_ahead = depth
         if depth >= self.n_workers:
             self.active = self._active_workers.deep()
 

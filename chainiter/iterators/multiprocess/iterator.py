@@ -206,7 +206,7 @@ class MultiprocessIterator(DatasetIterator):
             group = self._t.groups.size
             depth = _depth.tuned(self._options, self.batch_size, slot_bytes,
                                  group, descriptor_room())
-            if depth != self._t.pool.book.n_prefetch or \
+            if depth != self._t.pool.book.n_jobs_ahead or \
                     depth * group != self._t.depth:
                 # The pool counts groups, the iterator batches.
                 self._t.pool.set_depth(depth)

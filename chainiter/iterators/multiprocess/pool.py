@@ -51,11 +51,11 @@ class Pool(PoolWorkers, ReadyBatches):
     ``pool_workers.py``, its ready queue's in ``pool_ready.py``."""
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
-                 max_tasks, n_prefetch, slots, split=True, cpus=None):
+                 max_tasks, n_jobs_ahead, slots, split=True, cpus=None):
         self.owner = os.getpid()   # only this process may use or close it
         self.method = ctx.get_start_method()
         self.lock = threading.Lock()
-        self.book = Book(n_workers, n_prefetch, max_tasks, split, cpus)
+        self.book = Book(n_workers, n_jobs_ahead, max_tasks, split, cpus)
         # In flight, the one the user holds, and one being handed out.
         self.slots = slots
         self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
@@ -257,8 +257,8 @@ class Pool(PoolWorkers, ReadyBatches):
         self.receiver.want()
 
     def set_depth(self, depth):
-        """Batches in flight from now on (the chunking follows it).  Main
-        thread; takes the lock."""
+        """Jobs (batches, or groups) in flight from now on (the chunking
+        follows it).  Main thread; takes the lock."""
         with self.lock:
             self.book.set_depth(depth)
 
