@@ -41,7 +41,16 @@ waiting.
 
 One file, one idea:
 
-- ``iterator.py``: the iterator; turns steps into batches and back.
+- ``iterator.py``: the iterator; turns steps into batches and back (the
+  wiring).  ``options.py``: its arguments, read once; ``transport.py``:
+  its transport state, in one object; ``reading.py``: waiting for a batch
+  and reading it; ``groups.py`` and ``group_flow.py``: groups of small
+  batches (their mechanics, and the iterator's steps with them).  The
+  pure policies: ``grouping.py`` (when to group, how many),
+  ``depth.py`` (the pipeline's depth within one byte budget),
+  ``load_meter.py`` (what loading cost, per example),
+  ``active_workers.py`` (how many workers take tasks), ``fitting.py``
+  (fitting the buffers, and its warnings), ``worker_stats.py``.
 - ``pool.py``: the worker processes, the book, the slots and the receiver,
   under one lock; what the main thread calls.  ``pool_ready.py``: its
   ready queue (``take``, batches read ahead); ``pool_workers.py``, under
