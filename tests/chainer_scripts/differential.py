@@ -250,7 +250,9 @@ def shuffled_snapshots(kind, tmp):
              'chainiter': chainiter.serializers.load_npz}
     with make_chainiter(kind)(dataset, batch_size, seed=5) as it:
         start = it.state_dict()
-        for k in (0, 2, 4):
+        # Chainer's MultiprocessIterator starts its own processes for
+        # every reference: a mid-epoch and a wrapped snapshot there.
+        for k in (0, 2, 4) if kind in ('serial', 'thread') else (2, 4):
             path = os.path.join(tmp, 'snapshot_iter_{}'.format(k))
             it.load_state_dict(start)
             for _ in range(k):
