@@ -150,12 +150,12 @@ class PoolWorkers:
                                    self.book.busy_slots)
         except (MemoryError, OSError) as e:
             self.events.append((SharedMemoryWarning, (
-                'no room for one more shared-memory slot ({} of the {} '
-                'slots the pipeline may use are in use), so batches that '
-                'find no free slot come by copy, which is slower; lower '
-                'n_prefetch or raise the limit: {}'.format(
+                'no room for one more shared-memory slot ({} of the {} that '
+                'n_prefetch={} may use are in use), so batches that find no '
+                'free slot come by copy, which is slower; lower n_prefetch '
+                'or raise the limit: {}'.format(
                     len(self.slots.buffers.allocated()), self.slots.n_slots,
-                    e))))
+                    self.book.n_jobs_ahead, e))))
             return None
 
     def on_result(self, worker, generation, seq, chunk, loaded):
