@@ -1114,3 +1114,36 @@ def wait_until_blocked_in(thread, function_name, path_end, timeout):
         seen = at
         pause.wait(0.01)
     return False
+
+
+def fork_reader(value):
+    """Fork a child that reads ``value`` later, when told; returns
+    ``verdict()``, which tells it and returns whether it still saw what
+    ``value`` held at the fork (the child only reads)."""
+    import os
+    import warnings
+    expected = fingerprint(value)
+    go_r, go_w = os.pipe()
+    result_r, result_w = os.pipe()
+    with warnings.catch_warnings():
+        # A fork of a process with threads: the child only reads.
+        warnings.simplefilter('ignore', DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.read(go_r, 1)
+            os.write(result_w, b'1' if fingerprint(value) == expected
+                     else b'0')
+        finally:
+            os._exit(0)
+    os.close(go_r)
+    os.close(result_w)
+
+    def verdict():
+        os.write(go_w, b'g')
+        same = os.read(result_r, 1)
+        os.waitpid(pid, 0)
+        os.close(go_w)
+        os.close(result_r)
+        return same == b'1'
+    return verdict

@@ -457,31 +457,11 @@ def test_a_view_of_a_grouped_batch_a_forked_child_holds_is_kept(method):
         while it.stats['ready'] < 12:     # mid-group, the next loaded
             next(it)
         view = next(it)[0][1:]
-        expected = fingerprint(view)
-        go_r, go_w = os.pipe()
-        result_r, result_w = os.pipe()
-        with warnings.catch_warnings():
-            # The child only reads.
-            warnings.simplefilter('ignore', DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            try:
-                os.read(go_r, 1)
-                os.write(result_w, b'1' if fingerprint(view) == expected
-                         else b'0')
-            finally:
-                os._exit(0)
-        os.close(go_r)
-        os.close(result_w)
+        verdict = helpers.fork_reader(view)
         del view
         for _ in range(60):        # slots are reused many times over
             next(it)
-        os.write(go_w, b'g')
-        same = os.read(result_r, 1)
-        os.waitpid(pid, 0)
-        os.close(go_w)
-        os.close(result_r)
-    assert same == b'1'
+        assert verdict()
 
 
 def test_forks_keep_only_the_slots_of_batches_handed_out(method):

@@ -655,32 +655,12 @@ def test_a_batch_a_forked_child_holds_is_never_overwritten(method):
             base = base.base
         assert isinstance(base, ctypes.Array)
         del base
-        expected = fingerprint(batch)
-        go_r, go_w = os.pipe()
-        result_r, result_w = os.pipe()
-        with warnings.catch_warnings():
-            # The test forks a process with threads: the child only reads.
-            warnings.simplefilter('ignore', DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            try:
-                os.read(go_r, 1)
-                os.write(result_w, b'1' if fingerprint(batch) == expected
-                         else b'0')
-            finally:
-                os._exit(0)
-        os.close(go_r)
-        os.close(result_w)
+        verdict = helpers.fork_reader(batch)
         del batch
         gc.collect()
         for _ in range(30):        # slots are reused many times over
             next(it)
-        os.write(go_w, b'g')
-        same = os.read(result_r, 1)
-        os.waitpid(pid, 0)
-        os.close(go_w)
-        os.close(result_r)
-    assert same == b'1'
+        assert verdict()
 
 
 def test_dataset_error_is_raised_with_worker_traceback(method):
