@@ -17,8 +17,8 @@ def test_bench_smoke_prints_the_table():
     rows = [line for line in out.stdout.splitlines()
             if line.startswith('| ') and 'workload' not in line]
     workloads = {row.split('|')[1].strip() for row in rows}
-    assert workloads == {'images', 'tiny', 'tiny-batched', 'cpu',
-                         'variable', 'bucketed'}
+    assert workloads == {'images', 'tiny', 'tiny-batched', 'tiny-copy',
+                         'cpu', 'variable', 'variable-labelled', 'bucketed'}
     loaders = {row.split('|')[3].strip() for row in rows}
     assert loaders == {'chainiter', 'chainiter-list', 'serial'}
 
@@ -97,7 +97,11 @@ def run_bench(*args, timeout=60):
     (['--workloads', ''], ['nothing to run', '--dataset']),
     (['--compare', 'nosuch'], ['nosuch', 'torch, grain', 'torch,grain']),
     (['--compare', 'grain,torch:8'], ["'torch:8'", 'torch, grain']),
-    (['--loaders', 'grain:0'], ['grain:0', 'NAME:K'])])
+    (['--loaders', 'grain:0'], ['grain:0', 'NAME:K']),
+    (['--loaders', 'chainiter:n_prefetch=x'],
+     ["n_prefetch='x'", 'n_prefetch=4+shared_mem=8000']),
+    (['--loaders', 'torch:shared_mem=4096'],
+     ['torch:shared_mem=4096', 'NAME:K'])])
 def test_bench_argument_errors_stop_before_anything_runs(args, names):
     out = run_bench('--smoke', *args)
     assert out.returncode == 2, out.stderr
@@ -272,3 +276,182 @@ def test_bench_compare_grain_skips_what_grain_cannot_run():
         ('bucketed', 'serial'), ('tiny', 'grain'), ('tiny', 'serial')]
     assert 'skipping grain on bucketed' in out.stderr
     assert 'grain did not run bucketed' in out.stdout
+
+
+@pytest.mark.parametrize('name, parsed', [
+    ('chainiter', ('chainiter', None, {})),
+    ('chainiter:8', ('chainiter', 8, {})),
+    ('torch:8', ('torch', 8, {})),
+    ('serial', ('serial', None, {})),
+    ('chainiter:n_prefetch=4', ('chainiter', None, {'n_prefetch': 4})),
+    ('chainiter:shared_mem=4096', ('chainiter', None, {'shared_mem': 4096})),
+    ('chainiter:maxtasksperchild=1000',
+     ('chainiter', None, {'maxtasksperchild': 1000})),
+    ('chainiter-list:n_prefetch=4',
+     ('chainiter-list', None, {'n_prefetch': 4})),
+    ('chainiter:n_prefetch=4+shared_mem=8000',
+     ('chainiter', None, {'n_prefetch': 4, 'shared_mem': 8000})),
+    ('chainiter:8+shared_mem=None',
+     ('chainiter', 8, {'shared_mem': None})),
+    ('chainiter-list:prefetch_bytes=1048576+maxtasksperchild=10',
+     ('chainiter-list', None, {'prefetch_bytes': 2 ** 20,
+                               'maxtasksperchild': 10}))])
+def test_loader_names_carry_iterator_arguments(name, parsed):
+    from chainiter.bench import runner
+    assert runner.parse_loader(name) == parsed
+
+
+@pytest.mark.parametrize('name, words', [
+    ('chainiter:nosuch=1', ["'nosuch'", 'n_prefetch, shared_mem',
+                            'chainiter:n_prefetch=4+shared_mem=8000']),
+    ('chainiter:n_prefetch=x', ["n_prefetch='x'", 'positive integer',
+                                'None']),
+    ('chainiter:shared_mem=0', ["shared_mem='0'", 'positive integer']),
+    ('chainiter:shared_mem=-5', ["shared_mem='-5'", 'positive integer']),
+    ('chainiter:prefetch_bytes=None', ["prefetch_bytes='None'",
+                                       'positive integer']),
+    ('chainiter-list:n_prefetch=4+n_prefetch=8', ["'n_prefetch'",
+                                                  'twice']),
+    ('chainiter:8+n_prefetch=4', ['chainiter:8+n_prefetch=4',
+                                  'n_prefetch = K x workers']),
+    ('chainiter:8+4', ['chainiter:8+4', 'NAME:K']),
+    ('chainiter:n_prefetch=4;shared_mem=8000',
+     ["n_prefetch='4;shared_mem=8000'", "separated by '+'"]),
+    ('chainiter:', ["'chainiter:'", 'NAME:K']),
+    ('chainiter:n_prefetch=4+', ["'chainiter:n_prefetch=4+'", 'NAME:K']),
+    ('torch:n_prefetch=4', ['torch:n_prefetch=4', 'NAME:K']),
+    ('serial:shared_mem=4096', ['serial:shared_mem=4096', 'NAME:K'])])
+def test_bad_loader_arguments_say_the_right_form(name, words):
+    from chainiter.bench import runner
+    with pytest.raises(ValueError) as e:
+        runner.parse_loader(name)
+    for word in words:
+        assert word in str(e.value), str(e.value)
+
+
+def iterator_of(next_batch):
+    """The MultiprocessIterator behind a chainiter loader of the bench."""
+    return getattr(next_batch, 'iterator', None) or next_batch.__self__
+
+
+@pytest.mark.parametrize('name, attributes', [
+    ('chainiter:n_prefetch=3+shared_mem=65536',
+     {'n_prefetch': 3, 'shared_mem': 65536, 'maxtasksperchild': None}),
+    ('chainiter-list:maxtasksperchild=1000+n_prefetch=2',
+     {'n_prefetch': 2, 'maxtasksperchild': 1000, 'shared_mem': None}),
+    ('chainiter-list:2', {'n_prefetch': 2})])
+def test_loader_arguments_reach_the_iterator(method, name, attributes):
+    from chainiter.bench import runner, workloads
+    workload = workloads.get('tiny-copy', 4)
+    next_batch, close = runner.make_loader(name, workload, 1,
+                                           start_method=method)
+    try:
+        x, labels = next_batch()
+        assert x.shape == (4, 16) and labels.shape == (4,)
+        it = iterator_of(next_batch)
+        assert it.start_method == method
+        for key, value in attributes.items():
+            assert getattr(it, key) == value, key
+        assert it.stats['prefetch'] == attributes['n_prefetch']
+    finally:
+        close()
+
+
+def test_table_names_each_variant_and_the_spread_of_its_repeats():
+    from chainiter.bench.__main__ import format_table
+    results = {('tiny', 2, 'chainiter'): [run(900.0)[0], run(1000.0)[0],
+                                          run(1100.0)[0]],
+               ('tiny', 2, 'chainiter:n_prefetch=4+shared_mem=4096'):
+               run(500.0),
+               ('tiny', 2, 'chainiter:8'): run(700.0),
+               ('tiny', 2, 'torch'): run(100.0),
+               ('tiny', 2, 'torch:8'): run(350.0),
+               ('tiny', 2, 'serial'): run(400.0)}
+    loaders = ['chainiter', 'chainiter:n_prefetch=4+shared_mem=4096',
+               'chainiter:8', 'serial', 'torch', 'torch:8']
+    table = format_table(results, ['tiny'], [2], loaders, 1e9)
+    lines = [[cell.strip() for cell in line.split('|')[1:-1]]
+             for line in table.splitlines()]
+    header = lines[0]
+    rows = {row[2]: dict(zip(header, row)) for row in lines[2:]}
+    assert set(rows) == set(loaders)
+    assert rows['chainiter']['spread'] == '20%'      # (1100 - 900) / 1000
+    assert rows['serial']['spread'] == '-'           # one repeat
+    # A variant is compared with the peers at their defaults; :K with :K.
+    assert rows['chainiter:n_prefetch=4+shared_mem=4096']['vs torch'] == \
+        '5.00x'
+    assert rows['chainiter:8']['vs torch'] == '2.00x'
+
+
+def test_repeats_that_disagree_are_named_in_a_warning():
+    from chainiter.bench.__main__ import spread, spread_warning
+    assert spread([100.0]) == 0.0
+    assert spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    assert spread([80.0, 146.0]) == pytest.approx(66 / 113)
+
+    def rates(*values):
+        return [{'examples_per_s': v} for v in values]
+    quiet = {('tiny', 2, 'chainiter'): rates(100.0, 105.0, 110.0),
+             ('tiny', 2, 'serial'): rates(50.0, 50.0, 59.0)}
+    assert spread_warning(quiet) is None
+    busy = dict(quiet)
+    busy['tiny', 2, 'chainiter:n_prefetch=4'] = rates(80.0, 146.0, 120.0)
+    busy['images', 4, 'serial'] = rates(10.0, 13.0, 10.0)
+    busy['images', 4, 'chainiter'] = rates(10.0)       # one repeat
+    message = spread_warning(busy)
+    assert message.startswith('warning: ')
+    assert 'tiny, 2 workers, chainiter:n_prefetch=4 (55%)' in message
+    assert 'images, 0 workers, serial (30%)' in message
+    assert 'chainiter (' not in message and '(18%)' not in message
+    assert 'more than 20%' in message and 'busy' in message
+    assert '--repeats' in message and 'quiet machine' in message
+
+
+def test_tiny_copy_and_variable_labelled_examples_are_what_users_write():
+    import pickle
+
+    import numpy
+
+    from chainiter.bench import workloads
+    tiny = workloads.TinyCopy(100)
+    x, label = tiny[numpy.int64(13)]
+    assert x.dtype == numpy.float32 and x.shape == (16,)
+    assert type(label) is int and label == 3
+    assert not numpy.shares_memory(x, tiny.data)     # a fresh copy
+    assert (x == workloads.Tiny(100)[13][0]).all()
+    variable = workloads.VariableLabelled(100)
+    lengths = set()
+    for i in range(len(variable)):
+        x, label = variable[numpy.int64(i)]
+        assert x.dtype == numpy.int32 and x.ndim == 1
+        assert 10 <= len(x) <= 2000 and type(label) is int
+        assert not numpy.shares_memory(x, variable.data)
+        assert (x == variable.data[:len(x)]).all()
+        lengths.add(len(x))
+    assert len(lengths) > 50
+    for dataset in (tiny, variable):        # as spawn sends them
+        copy = pickle.loads(pickle.dumps(dataset))
+        assert len(copy) == 100
+    workload = workloads.get('variable-labelled')
+    assert workload.batch_size == 64
+    batch = [variable[i] for i in (3, 7, 11)]
+    x, labels = workload.converter(batch)
+    assert x.dtype == numpy.int32 and labels.shape == (3,)
+    assert x.shape == (3, max(len(e[0]) for e in batch))
+    assert (x[0, len(batch[0][0]):] == 0).all()          # padded with 0
+    assert workloads.get('tiny-copy').batch_size == 256
+
+
+def test_variable_labelled_against_dataloader():
+    pytest.importorskip('torch')
+    from chainiter.bench import runner, workloads
+    next_batch, close = runner.make_loader(
+        'torch', workloads.get('variable-labelled', 4), 0)
+    try:
+        x, labels = next_batch()
+        assert x.shape[0] == 4 and str(x.dtype) == 'torch.int32'
+        assert tuple(labels.shape) == (4,)
+        assert (x[:, 0] == 1).all()       # each row a prefix of 1..2000
+        assert (x[:, -1] == 0).any()      # padded with 0
+    finally:
+        close()

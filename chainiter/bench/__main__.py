@@ -4,7 +4,9 @@ serial loop and (``--compare torch,grain``) PyTorch's and Grain's
 DataLoaders.
 
 Every measurement runs in a fresh process; loaders interleave and every
-measurement repeats (the table shows medians), because machines are noisy.
+measurement repeats (the table shows medians, and the spread of each row's
+repeats), because machines are noisy; repeats that disagree by more than
+``SPREAD_LIMIT`` end the run with a warning naming their rows.
 """
 
 import argparse
@@ -20,6 +22,10 @@ import numpy
 from chainiter.bench import runner, workloads
 
 DEFAULT_LOADERS = ['chainiter', 'chainiter-list', 'serial']
+#: Repeats of a row whose spread ((max - min) / median of examples/s) is
+#: over this get a warning: a user on a busy machine got 0.8x and 1.46x
+#: from two runs.
+SPREAD_LIMIT = 0.2
 #: The peers --compare runs, and how to install the release measured.
 PEERS = {'torch': 'pip install torch==2.13.0',
          'grain': 'pip install grain==0.2.18 (Python 3.11 or newer)'}
@@ -104,13 +110,19 @@ def parse_args(argv=None):
                              '(default: %(default)s)')
     parser.add_argument('--loaders', default=','.join(DEFAULT_LOADERS),
                         help='comma-separated; chainiter and chainiter-list '
+                             '(a list of examples, the consumer converts) '
                              'run at the defaults (the self-tuning depth); '
                              'chainiter:K keeps K batches per worker in '
                              'flight, torch:K is DataLoader with '
                              'prefetch_factor=K, grain:K Grain\'s with '
                              'worker_buffer_size=K; a :K row is compared '
-                             'with torch:K and grain:K when they run too '
-                             '(default: %(default)s)')
+                             'with torch:K and grain:K when they run too; '
+                             'chainiter and chainiter-list also take '
+                             'MultiprocessIterator arguments ({}) as '
+                             'key=value separated by +, after K if any, '
+                             'e.g. chainiter:n_prefetch=4+shared_mem=8000 '
+                             '(default: %(default)s)'.format(
+                                 ', '.join(runner.ITERATOR_ARGUMENTS)))
     parser.add_argument('--compare', action='append', default=[],
                         metavar='PEERS',
                         help='also run these peers at their defaults, of {} '
@@ -221,6 +233,36 @@ def main(argv=None):
     print(format_table(results, names, worker_counts, loaders, bandwidth))
     for (w, loader), reason in skipped.items():
         print('{} did not run {}: {}'.format(loader, w, reason))
+    # With the table, so that a saved table carries it.
+    warning = spread_warning(results)
+    if warning:
+        print(warning)
+
+
+def spread(rates):
+    """How far repeats disagree: (max - min) / median; 0 for one."""
+    return (max(rates) - min(rates)) / statistics.median(rates)
+
+
+def spread_warning(results, limit=SPREAD_LIMIT):
+    """A warning naming the rows of ``results`` (``{(workload, workers,
+    loader): [run, ...]}``) whose repeats' examples/s disagree by more
+    than ``limit``, or ``None`` when none do."""
+    rows = []
+    for (workload, workers, loader), runs in results.items():
+        rates = [r['examples_per_s'] for r in runs]
+        if spread(rates) > limit:
+            rows.append('{}, {} workers, {} ({:.0f}%)'.format(
+                workload, 0 if loader == 'serial' else workers, loader,
+                100 * spread(rates)))
+    if not rows:
+        return None
+    return ('warning: the repeats of {} disagree by more than {:.0f}% '
+            '((max - min) / median of examples/s): {}. The machine was '
+            'probably busy; rerun on a quiet machine or with more '
+            '--repeats.'.format(
+                'this row' if len(rows) == 1 else 'these rows',
+                100 * limit, '; '.join(rows)))
 
 
 def format_table(results, names, worker_counts, loaders, bandwidth):
@@ -230,15 +272,19 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
         loader.partition(':')[0] == p for loader in loaders)]
     header = (('workload', 'workers', 'loader', 'examples/s') +
               tuple('vs ' + p for p in peers) +
-              ('vs serial', '% memcpy', 'first batch s', 'peak PSS MiB'))
+              ('vs serial', '% memcpy', 'first batch s', 'peak PSS MiB',
+               'spread'))
     lines.append('| ' + ' | '.join(header) + ' |')
     lines.append('|' + '|'.join('---' for _ in header) + '|')
     for workload in names:
         ceiling = bandwidth / example_bytes(workloads.get(workload))
         for workers in worker_counts:
-            def median(loader, key, workload=workload, workers=workers):
-                rows = results.get((workload, workers, loader)) or \
+            def runs(loader, workload=workload, workers=workers):
+                return results.get((workload, workers, loader)) or \
                     results.get((workload, worker_counts[0], loader))
+
+            def median(loader, key):
+                rows = runs(loader)
                 if not rows:
                     return None
                 return statistics.median(r[key] for r in rows)
@@ -250,12 +296,14 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                 if rate is None:        # a peer that skipped this workload
                     continue
                 # Like with like: a deeper pipeline against a DataLoader
-                # as deep, when that ran.
-                depth = loader.partition(':')[2]
+                # as deep, when that ran; other arguments against the
+                # peers' defaults.
+                depth = runner.parse_loader(loader)[1]
                 ratios = []
                 for p in peers:
-                    peer = p + ':' + depth if depth and \
-                        p + ':' + depth in loaders else p
+                    peer = '{}:{}'.format(p, depth)
+                    if not depth or peer not in loaders:
+                        peer = p
                     peer_rate = median(peer, 'examples_per_s')
                     ratios.append('{:.2f}x'.format(rate / peer_rate)
                                   if peer_rate else '-')
@@ -267,7 +315,10 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                     '{:.0f}%'.format(100 * rate / ceiling),
                     '{:.2f}'.format(median(loader, 'first_batch_s')),
                     '{:.0f}'.format(median(loader, 'peak_pss_bytes')
-                                    / 2 ** 20)]) + ' |')
+                                    / 2 ** 20),
+                    '-' if len(runs(loader)) == 1 else '{:.0f}%'.format(
+                        100 * spread([r['examples_per_s']
+                                      for r in runs(loader)]))]) + ' |')
     return '\n'.join(lines)
 
 

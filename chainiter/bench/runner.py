@@ -6,12 +6,19 @@ Loaders:
                      depth), workers stack the batch in shared memory
                      (converter=concat_examples)
     chainiter-list   MultiprocessIterator's list of examples, then the
-                     user's concat_examples
+                     workload's converter in the consumer (as Chainer's
+                     StandardUpdater calls it)
     chainiter:K, chainiter-list:K
                      the same with n_prefetch = K x workers
+    chainiter:n_prefetch=4+shared_mem=8000, chainiter-list:8+...
+                     the same with these MultiprocessIterator arguments
+                     (n_prefetch, shared_mem, maxtasksperchild,
+                     prefetch_bytes: positive integers, or None but for
+                     prefetch_bytes), separated by '+', after K if any
     torch:K          DataLoader with prefetch_factor=K (as deep)
     torch            torch.utils.data.DataLoader, persistent workers,
-                     default collate (padding collate for 'variable');
+                     default collate (the workload's padding collate for
+                     'variable' and 'variable-labelled');
                      on 'tiny-batched' its batched path: batch_size=None,
                      a BatchSampler as the sampler, and a dataset that
                      takes the list of indices (one fancy index per array)
@@ -151,21 +158,89 @@ class PeakPss:
 #: Loader names; those marked True also take ``:K`` (batches per worker).
 LOADERS = {'chainiter': True, 'chainiter-list': True, 'torch': True,
            'grain': True, 'serial': False}
+#: The MultiprocessIterator arguments a chainiter loader name can carry
+#: (``chainiter:n_prefetch=4+shared_mem=8000``), and whether each takes
+#: None. Each is a positive integer otherwise; the bench sets the others.
+ITERATOR_ARGUMENTS = {'n_prefetch': True, 'shared_mem': True,
+                      'maxtasksperchild': True, 'prefetch_bytes': False}
+#: What separates the parts of a loader name after the colon: a character
+#: that needs no quoting on a shell command line and is not the comma of
+#: --loaders' list.
+SEPARATOR = '+'
+_EXAMPLE = 'chainiter:n_prefetch=4+shared_mem=8000'
 
 
 def parse_loader(name):
-    """``(base, K or None)`` for a loader name; ``ValueError`` (its message
-    says what is wrong and the right form) for a name that is none."""
-    base, colon, factor = name.partition(':')
-    if base in LOADERS and (not colon or LOADERS[base] and
-                            factor.isdigit() and int(factor) > 0):
-        return base, int(factor) if colon else None
-    raise ValueError(
-        'unknown loader {!r}: --loaders takes a comma-separated list of {}; '
-        '{} also take NAME:K with K a positive integer (batches per worker '
-        'in flight), e.g. chainiter:8'.format(
-            name, ', '.join(LOADERS),
-            ', '.join(n for n, deep in LOADERS.items() if deep)))
+    """``(base, K or None, arguments)`` for a loader name, ``arguments``
+    the dict of MultiprocessIterator keyword arguments it carries;
+    ``ValueError`` (its message says what is wrong and the right form) for
+    a name that is none.
+
+    ``NAME:K`` keeps K batches per worker in flight; a chainiter loader
+    also takes ``key=value`` parts, separated by ``+`` (after K, if any):
+    ``chainiter:n_prefetch=4+shared_mem=8000``, ``chainiter-list:8+
+    maxtasksperchild=1000``.
+    """
+    base, colon, rest = name.partition(':')
+    parts = rest.split(SEPARATOR) if colon else []
+    factor = None
+    if parts and parts[0].isdecimal() and int(parts[0]) > 0:
+        factor = int(parts.pop(0))
+    # After K (if any), only key=value parts, and those only for chainiter.
+    well_formed = base in LOADERS and (not colon or LOADERS[base]) and all(
+        '=' in part for part in parts) and (
+            not parts or base in ('chainiter', 'chainiter-list'))
+    if not well_formed:
+        raise ValueError(
+            'unknown loader {!r}: --loaders takes a comma-separated list of '
+            '{}; {} also take NAME:K with K a positive integer (batches per '
+            'worker in flight), e.g. chainiter:8, and chainiter and '
+            'chainiter-list MultiprocessIterator arguments, key=value '
+            'separated by {!r}, e.g. {}'.format(
+                name, ', '.join(LOADERS),
+                ', '.join(n for n, deep in LOADERS.items() if deep),
+                SEPARATOR, _EXAMPLE))
+    arguments = {}
+    for part in parts:
+        key, _, value = part.partition('=')
+        if key not in ITERATOR_ARGUMENTS:
+            raise ValueError(
+                'loader {!r}: unknown argument {!r}; a chainiter loader '
+                'takes {}, as key=value separated by {!r}, e.g. {}'.format(
+                    name, key, ', '.join(ITERATOR_ARGUMENTS), SEPARATOR,
+                    _EXAMPLE))
+        if key in arguments:
+            raise ValueError('loader {!r}: {!r} given twice; give each '
+                             'argument once, e.g. {}'.format(
+                                 name, key, _EXAMPLE))
+        if value == 'None' and ITERATOR_ARGUMENTS[key]:
+            arguments[key] = None
+        elif value.isdecimal() and int(value) > 0:
+            arguments[key] = int(value)
+        else:
+            raise ValueError(
+                'loader {!r}: {}={!r}; {} takes a positive integer{}, '
+                'e.g. {} (arguments are separated by {!r})'.format(
+                    name, key, value, key,
+                    ' or None' if ITERATOR_ARGUMENTS[key] else '',
+                    _EXAMPLE, SEPARATOR))
+    if factor is not None and 'n_prefetch' in arguments:
+        raise ValueError(
+            'loader {!r}: K and n_prefetch both set the depth (:K means '
+            'n_prefetch = K x workers); give one, e.g. chainiter:8 or '
+            'chainiter:n_prefetch=16'.format(name))
+    return base, factor, arguments
+
+
+def iterator_arguments(name, workers):
+    """The MultiprocessIterator keyword arguments that the chainiter loader
+    ``name`` sets for ``workers`` workers: ``:K`` is ``n_prefetch = K x
+    workers`` (DataLoader's prefetch_factor=K), and the arguments the name
+    carries; none at the defaults (the self-tuning depth)."""
+    _, factor, arguments = parse_loader(name)
+    if factor:
+        arguments['n_prefetch'] = factor * workers
+    return arguments
 
 
 def unsupported(name, workload):
@@ -178,9 +253,10 @@ def unsupported(name, workload):
     return None
 
 
-def make_loader(name, workload, workers):
-    """``(next_batch, close)`` for a loader on a workload."""
-    base, factor = parse_loader(name)
+def make_loader(name, workload, workers, start_method=None):
+    """``(next_batch, close)`` for a loader on a workload; chainiter's
+    workers start by ``start_method`` (None: the iterator's default)."""
+    base, factor, _ = parse_loader(name)
     batch_size = workload.batch_size
     if base == 'torch' and workload.torch_batches is not None:
         return _torch_batched(workload, workers, factor)
@@ -194,17 +270,21 @@ def make_loader(name, workload, workers):
     if base in ('chainiter', 'chainiter-list'):
         import chainiter
         stacked = base == 'chainiter'
-        # The defaults, or :K batches in flight per worker (DataLoader's
-        # prefetch_factor=K).
         it = chainiter.MultiprocessIterator(
             dataset, batch_size, n_processes=workers, seed=0,
-            n_prefetch=factor * workers if factor else None,
             dataset_timeout=None, order_sampler=order,
-            converter=workload.converter if stacked else None)
+            converter=workload.converter if stacked else None,
+            start_method=start_method,
+            **iterator_arguments(name, workers))
         if stacked:
             return it.__next__, it.finalize
         convert = workload.converter
-        return (lambda: convert(next(it))), it.finalize
+
+        def next_batch():
+            # The consumer converts, as Chainer's StandardUpdater does.
+            return convert(next(it))
+        next_batch.iterator = it
+        return next_batch, it.finalize
     if base == 'torch':
         import torch.utils.data
         options = {'prefetch_factor': factor} if factor else {}

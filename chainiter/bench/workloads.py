@@ -47,6 +47,14 @@ class Tiny:
         return self.data[i], i % 10
 
 
+class TinyCopy(Tiny):
+    """``tiny`` as users write it: (a fresh copy of a float32 array of 16,
+    Python int label)."""
+
+    def __getitem__(self, i):
+        return self.data[i].copy(), int(i) % 10
+
+
 def tiny_batched(n=1_000_000):
     """``tiny``'s examples as a ``TupleDataset`` of in-memory arrays, which
     has a batch method: the workers take each chunk a column at a time.
@@ -107,6 +115,23 @@ class Variable:
         return numpy.arange(self.lengths[i], dtype=numpy.int32)
 
 
+class VariableLabelled:
+    """(int32 sequence of length 10..2000, Python int label), as users
+    write it: each sequence a copy of a slice of one preallocated array
+    (1, 2, ..., 2000), padded with 0 when batched. Its lengths are
+    ``variable``'s."""
+
+    def __init__(self, n=200000):
+        self.lengths = numpy.random.default_rng(0).integers(10, 2001, n)
+        self.data = numpy.arange(1, 2001, dtype=numpy.int32)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return self.data[:self.lengths[i]].copy(), int(i) % 10
+
+
 class Bucketed:
     """(float32 array of shape (L, 64), int label): bucketed sequences.
     Each run of ``block`` consecutive examples has one length L, of 16, 32,
@@ -159,6 +184,14 @@ def _pad_collate(batch):
         [torch.from_numpy(x) for x in batch], batch_first=True)
 
 
+def _pad_label_collate(batch):
+    import torch
+    sequences, labels = zip(*batch)
+    return (torch.nn.utils.rnn.pad_sequence(
+        [torch.from_numpy(x) for x in sequences], batch_first=True),
+        torch.tensor(labels))
+
+
 class Workload:
     """``torch_batches``: a function making the same data for DataLoader's
     batched path (``ArrayBatches``), which it then takes instead of
@@ -183,6 +216,9 @@ WORKLOADS = {
                        description='float32 3x224x224 + label, batch 64'),
     'tiny': Workload('tiny', Tiny, 256,
                      description='float32 16 + label, batch 256'),
+    'tiny-copy': Workload(
+        'tiny-copy', TinyCopy, 256,
+        description='float32 16 fresh copy + Python int label, batch 256'),
     'tiny-batched': Workload(
         'tiny-batched', tiny_batched, 256, torch_batches=tiny_batches,
         description='tiny as a TupleDataset of arrays (its batch method), '
@@ -194,6 +230,12 @@ WORKLOADS = {
         converter=functools.partial(concat_examples, padding=0),
         torch_collate=_pad_collate,
         description='int32 length 10..2000, padded, batch 64'),
+    'variable-labelled': Workload(
+        'variable-labelled', VariableLabelled, 64,
+        converter=functools.partial(concat_examples, padding=0),
+        torch_collate=_pad_label_collate,
+        description='int32 length 10..2000 slice copy + Python int label, '
+                    'padded, batch 64'),
     'bucketed': Workload(
         'bucketed', Bucketed, 64,
         order=lambda dataset, batch_size: BlockOrder(len(dataset),
