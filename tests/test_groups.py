@@ -515,3 +515,69 @@ def test_a_worker_death_in_groups_is_told(method, tmp_path):
                 for k in range(100)]
     expected += expected[:50]
     assert got == expected
+
+
+ARGUMENTS = {
+    'n_prefetch': {'n_prefetch': 8},
+    'shared_mem': {'shared_mem': 64},
+    'maxtasksperchild': {'maxtasksperchild': 4},
+    'all': {'n_prefetch': 8, 'shared_mem': 64, 'maxtasksperchild': 4},
+}
+
+
+@pytest.mark.parametrize('padded', [False, True], ids=['stacked', 'padded'])
+@pytest.mark.parametrize('arguments', list(ARGUMENTS))
+def test_every_argument_keeps_the_groups_and_the_serial_batches(
+        method, arguments, padded):
+    # n_prefetch counts batches (a group as its batches), shared_mem sizes
+    # the rows, maxtasksperchild counts a group as its batches: none of
+    # them turns the groups off, and the batches stay the serial ones.
+    kwargs = ARGUMENTS[arguments]
+    dataset = Ragged(203) if padded else _dataset('per-example')
+    padding = 0 if padded else None
+    expected = _expected(dataset, 60, padding, shuffle=True, seed=3)
+    converter = functools.partial(concat_examples, padding=0) if padded \
+        else concat_examples
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
+                              seed=3, converter=converter,
+                              start_method=method, **kwargs) as it, \
+            warnings.catch_warnings():
+        if padded and 'shared_mem' not in kwargs:
+            # The first batch sizes the buffers; longer examples come.
+            warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        got, groups = [], []
+        for _ in range(60):
+            got.append(fingerprint(next(it)))
+            groups.append(it.stats['batches_per_task'])
+            if 'n_prefetch' in kwargs:
+                assert it.stats['prefetch'] <= kwargs['n_prefetch']
+    assert got == expected
+    assert max(groups) > 1
+
+
+class Pids:
+    """Example i is (i, the pid of the process that loaded it)."""
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        return numpy.int64(i), numpy.int64(os.getpid())
+
+
+def test_with_maxtasksperchild_a_group_counts_as_its_batches(method):
+    # Each worker is replaced after 4 tasks, a group of 4 batches counting
+    # as 4: no worker loads more than 4 + 3 batches (its last task a
+    # group), where 4 groups of 4 would be 16.
+    with MultiprocessIterator(Pids(), 5, n_processes=2, shuffle=False,
+                              maxtasksperchild=4, converter=concat_examples,
+                              start_method=method) as it:
+        pids, groups = [], []
+        for _ in range(70):
+            index, pid = next(it)
+            pids += pid.tolist()
+            groups.append(it.stats['batches_per_task'])
+    assert max(groups) == 4
+    per_worker = {pid: pids.count(pid) for pid in set(pids)}
+    assert max(per_worker.values()) <= 7 * 5, per_worker
+    assert len(per_worker) >= 70 // 7

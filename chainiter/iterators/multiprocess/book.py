@@ -118,10 +118,10 @@ class Book:
     # ---- batches -------------------------------------------------------
 
     def open_batch(self, step, seed, slot, buffers, slot_index, buffer_id,
-                   cuts=()):
+                   cuts=(), weight=1):
         """A new batch; returns ``(batch, tasks)``: its tasks, to assign
-        (none when every batch fails: the batch is then ready).  ``cuts``:
-        see ``Task``."""
+        (none when every batch fails: the batch is then ready).  ``cuts``
+        and ``weight``: see ``Task``."""
         seq = self.next_seq
         self.next_seq += 1
         n = len(step)
@@ -136,11 +136,11 @@ class Book:
             return batch, []
         if n_chunks == 1:
             return batch, [Task(self.generation, seq, 0, 0, step, slot_index,
-                                buffer_id, seed, cuts)]
+                                buffer_id, seed, cuts, weight)]
         bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
         return batch, [
             Task(self.generation, seq, chunk, a, step.cut(a, b), slot_index,
-                 buffer_id, seed, cuts)
+                 buffer_id, seed, cuts, weight)
             for chunk, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
     def assign(self, task):
@@ -156,7 +156,7 @@ class Book:
         key = min(keys, key=lambda k: len(self._held[k].tasks))
         held = self._held[key]
         self._hold(held, task)
-        held.sent += 1
+        held.sent += task.weight
         return key
 
     def set_depth(self, depth):

@@ -44,9 +44,23 @@ def tuned(options, batch_size, slot_bytes, group, room):
     return depth
 
 
+def explicit(n_prefetch, group):
+    """The depth in jobs for an explicit ``n_prefetch``, which counts
+    batches: a group counts as its batches."""
+    return max(1, n_prefetch // group)
+
+
 def largest_group(options, batch_slot_bytes):
     """The most batches a group may hold: the slots of a grouped depth
     (two per worker, ``tuned``'s floor) and two, each of that many
-    batches of ``batch_slot_bytes``, within ``prefetch_bytes``."""
-    return options.prefetch_bytes // (
+    batches of ``batch_slot_bytes``, within ``prefetch_bytes``.  With an
+    explicit ``n_prefetch``, a group for each worker within it (a group
+    counts as its batches); with ``maxtasksperchild``, a group is at most
+    that many tasks (it counts as its batches)."""
+    largest = options.prefetch_bytes // (
         (2 * options.n_processes + 2) * max(batch_slot_bytes, 1))
+    if options.n_prefetch is not None:
+        largest = min(largest, options.n_prefetch // options.n_processes)
+    if options.maxtasksperchild is not None:
+        largest = min(largest, options.maxtasksperchild)
+    return largest

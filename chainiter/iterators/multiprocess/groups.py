@@ -68,13 +68,14 @@ class Group:
         return None, examples
 
     def task(self):
-        """What the pool submits: the steps as one, the seed, and where
+        """What the pool submits: the steps as one, the seed, where
         each batch begins when padded (padding pads each batch to its own
-        longest example: the workers then tell each batch's)."""
+        longest example: the workers then tell each batch's), and the
+        tasks it counts as (``maxtasksperchild``): its batches."""
         self.bounds = list(itertools.accumulate(
             (len(step) for step in self.steps), initial=0))
         cuts = tuple(self.bounds[:-1]) if self.padded else ()
-        return Step.join(self.steps), self.seed, cuts
+        return Step.join(self.steps), self.seed, cuts, len(self.steps)
 
 
 class Member(typing.NamedTuple):

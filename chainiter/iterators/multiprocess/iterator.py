@@ -57,7 +57,8 @@ class MultiprocessIterator(DatasetIterator):
         dataset_timeout (float or None): warn with ``TimeoutWarning`` when no
             batch arrived for that many seconds.
         maxtasksperchild (int or None): replace a worker after that many
-            tasks.
+            tasks (a batch, or a chunk of one; a group of small batches
+            counts as its batches).
         converter: applied to each batch.  With ``concat_examples`` (or a
             ``functools.partial`` of it with ``padding``) the workers stack the
             batch straight into shared memory and ``next()`` returns it,
@@ -202,15 +203,17 @@ class MultiprocessIterator(DatasetIterator):
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
+        group = self._t.groups.size
         if self._options.n_prefetch is None:
-            group = self._t.groups.size
             depth = _depth.tuned(self._options, self.batch_size, slot_bytes,
                                  group, descriptor_room())
-            if depth != self._t.pool.book.n_jobs_ahead or \
-                    depth * group != self._t.depth:
-                # The pool counts groups, the iterator batches.
-                self._t.pool.set_depth(depth)
-                self._t.depth = depth * group
+        else:
+            depth = _depth.explicit(self._options.n_prefetch, group)
+        if depth != self._t.pool.book.n_jobs_ahead or \
+                depth * group != self._t.depth:
+            # The pool counts groups, the iterator batches.
+            self._t.pool.set_depth(depth)
+            self._t.depth = depth * group
         # Last: an interrupt before has it tuned again.
         self._t.tuned = True
 

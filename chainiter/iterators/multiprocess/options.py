@@ -126,10 +126,9 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
         converter=converter, converter_in_workers=converter_in_workers,
         start_method=method, worker_init_fn=worker_init_fn, cpus=cpus,
         stacked=stacked, padding=padding, in_workers=in_workers,
-        # Only where that changes nothing the user sees: an explicit
-        # n_prefetch counts batches, maxtasksperchild tasks.
-        may_group=stacked and n_prefetch is None and
-        maxtasksperchild is None and shared_mem is None,
+        # A group counts as its batches: against an explicit n_prefetch
+        # (batches in flight) and maxtasksperchild (tasks).
+        may_group=stacked,
         first_depth=first_depth, max_depth=max_depth)
 
 

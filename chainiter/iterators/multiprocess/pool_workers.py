@@ -119,7 +119,7 @@ class PoolWorkers:
                     raise
                 job.error = e
 
-    def _submit(self, step, seed, cuts):
+    def _submit(self, step, seed, cuts=(), weight=1):
         book = self.book
         # The receiver thread may rest when nothing is loading: it must
         # read this batch's results.
@@ -129,7 +129,7 @@ class PoolWorkers:
         batch, tasks = book.open_batch(
             step, seed, slot, buffers,
             -1 if slot is None else slot.index,
-            -1 if buffers is None else buffers.id, cuts)
+            -1 if buffers is None else buffers.id, cuts, weight)
         if slot is not None:
             slot.owner = (batch.generation, batch.seq)
         if book.failure is not None:

@@ -42,6 +42,9 @@ class Task(typing.NamedTuple):
     # the worker must write them apart (a padded field's largest shape is
     # each batch's own); else empty.
     cuts: tuple = ()
+    # The tasks it counts as against ``maxtasksperchild``: a group's, as
+    # many as its batches.
+    weight: int = 1
 
     @property
     def indices(self):
@@ -60,13 +63,14 @@ def encode_task(task):
     every order of the step is seeded (or the identity), the orders' keys
     instead of the indices: the worker computes them, and the main process
     never does."""
-    generation, seq, chunk, start, step, slot, buffer_id, seed, cuts = task
+    generation, seq, chunk, start, step, slot, buffer_id, seed, cuts, \
+        weight = task
     keys = _order_keys(step)
     indices = None if keys is not None else numpy.asarray(
         step.indices, dtype=numpy.int64).tobytes()
     return pickle.dumps(
         (generation, seq, chunk, start, indices, keys, step.spans, slot,
-         buffer_id, seed, cuts), pickle.HIGHEST_PROTOCOL)
+         buffer_id, seed, cuts, weight), pickle.HIGHEST_PROTOCOL)
 
 
 def _order_keys(step):
@@ -103,7 +107,7 @@ def _worker_order(key):
 
 def decode_task(message):
     generation, seq, chunk, start, indices, keys, spans, slot, buffer_id, \
-        seed, cuts = message
+        seed, cuts, weight = message
     if keys is None:
         step = Step(numpy.frombuffer(indices, dtype=numpy.int64).tolist(),
                     spans)
@@ -111,7 +115,7 @@ def decode_task(message):
         step = Step(Step(None, spans, [_worker_order(k) for k in keys])
                     .indices.tolist(), spans)
     return Task(generation, seq, chunk, start, step, slot, buffer_id, seed,
-                cuts)
+                cuts, weight)
 
 
 def segments(task):

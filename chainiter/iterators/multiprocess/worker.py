@@ -208,7 +208,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         if not _run_task(conn, dataset, converter, batched, task, whole,
                          layout, run_queue):
             return
-        done += 1
+        done += task.weight
 
 
 def _set_up(conn, dataset, seed, worker_id, worker_init_fn):
