@@ -79,7 +79,8 @@ One file, one idea:
   through cloudpickle (the one module that imports it).
 - ``slots.py``: the shared-memory slots, their leases and layouts;
   ``room.py``: whether the process's limits leave room for one more;
-  ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
+  ``shm.py``: one shared buffer (``shm_files.py``: its
+  file, and the room for it); ``layout.py``, ``list_layout.py``,
   ``stacked_layout.py``, ``stacked_rows.py``, ``stacked_columns.py``,
   ``read.py``: where the arrays of a batch go in a slot, and how they are
   read back.
