@@ -20,7 +20,7 @@ from chainiter import (
     concat_examples,
 )
 from chainiter.backends import cuda
-from chainiter.dataset.async_transfer import shared_region
+from chainiter.dataset._pinning import shared_region
 
 from fake_cupy import FakeCupy
 from helpers import (

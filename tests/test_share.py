@@ -11,7 +11,7 @@ import pytest
 
 import chainiter
 from chainiter import MultiprocessIterator, SerialIterator
-from chainiter.iterators.multiprocess import share
+from chainiter.iterators.multiprocess import array_pickle, share
 
 import helpers
 from helpers import fingerprint, mapped_buffers, shm_files
@@ -238,7 +238,7 @@ def test_large_arrays_leave_the_pickle():
 
 def test_check_picklable_copies_no_array():
     out = io.BytesIO()
-    share._Pickler(out, {}, 0).dump([numpy.zeros(2 ** 21)])
+    array_pickle.Pickler(out, {}, 0).dump([numpy.zeros(2 ** 21)])
     assert len(out.getvalue()) < 1000
     # Arrays under the threshold are pickled (written without a copy).
     share.check_picklable([numpy.zeros(2 ** 16), numpy.zeros(2 ** 21)])

@@ -9,10 +9,11 @@
                      └─ event "copied" ──► the compute stream waits on it when
                                            the batch is handed out
 
-A staging buffer holds one whole batch and is busy until its "copied" event
-completes; at most ``STAGING_BUFFERS`` exist, and when all are busy the next
-batch waits for the oldest copy, so page-locked memory stays bounded however
-far the host runs ahead.
+A staging buffer (``_staging.py``) holds one whole batch and is busy until
+its "copied" event completes; at most ``STAGING_BUFFERS`` exist, and when
+all are busy the next batch waits for the oldest copy, so page-locked
+memory stays bounded however far the host runs ahead.  The page-locking of
+shared memory is ``_pinning.py``.
 
 The host batch is kept until its copy has completed, so that a
 MultiprocessIterator does not refill that shared memory while it is read.
@@ -25,8 +26,6 @@ cupy returns their memory to the side stream's pool when they are dropped.
 """
 
 import collections
-import os
-import threading
 import warnings
 import weakref
 from typing import Any, Dict
@@ -36,10 +35,14 @@ import numpy
 from chainiter.backends import cuda
 from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
+# shared_region is imported from here by chainiter/bench/h2d.py;
+# STAGING_BUFFERS stays readable here, where it was.
+from chainiter.dataset._pinning import pin, shared_region  # noqa: F401
+from chainiter.dataset._staging import (  # noqa: F401
+    STAGING_BUFFERS, Staging)
 from chainiter.dataset.convert import Converter, concat_examples, to_device
 from chainiter.errors import SharedMemoryWarning
 
-STAGING_BUFFERS = 4     # batches whose staged copy may be in flight at once
 _ALIGN = 256            # bytes; where each array starts in a staging buffer
 
 
@@ -67,131 +70,6 @@ def _replace_leaves(tree, new):
     if isinstance(tree, numpy.ndarray):
         return next(new)
     return tree
-
-
-def _shared_buffer(array):
-    # Imported here: chainiter.iterators imports this module.
-    from chainiter.iterators.multiprocess.shm import SharedBuffer
-    return SharedBuffer.of(array)
-
-
-def shared_region(array):
-    """``(address, nbytes)`` of the whole shared-memory buffer ``array``
-    views when it was handed out by a MultiprocessIterator, else None."""
-    shared = _shared_buffer(array)
-    return None if shared is None else shared.region()
-
-
-# ---- page-locking MultiprocessIterator's shared memory -------------------
-#
-# A slot's buffer is registered with CUDA the first time a batch is copied
-# from it, and unregistered when the iterator releases the buffer, after
-# the streams that copied from it are synchronised: registrations never
-# outlive the mapping (a later mapping at the same address would otherwise
-# be copied through the stale one), and nothing stays page-locked after
-# finalize().
-
-# SharedBuffer -> streams that copied from it, or None
-_pins: Dict[Any, Any] = {}
-# Re-entrant: garbage collection while it is held may finalize an iterator,
-# whose release() unpins on the same thread.
-_pins_lock = threading.RLock()
-
-
-def _pinned(array, stream):
-    """``(pinned, error)``: whether ``array`` lies in shared memory that is
-    page-locked now, so the copy can read it directly on ``stream``, and
-    the CUDA error if registering that memory failed just now."""
-    if not array.flags.c_contiguous:
-        return False, None
-    shared = _shared_buffer(array)
-    if shared is None:
-        return False, None
-    error = None
-    with _pins_lock:
-        if shared not in _pins:
-            region = shared.region()
-            if region is None:                  # released meanwhile
-                return False, None
-            address, nbytes = region
-            error = cuda.register_host(address, nbytes)
-            _pins[shared] = None if error else []
-            pid = os.getpid()
-            if not shared.when_released(
-                    lambda: _unpin(shared, address, pid)):
-                _unpin(shared, address, pid)    # released by another thread
-                return False, None
-        streams = _pins.get(shared)
-        if streams is None:
-            return False, error
-        if stream not in streams:
-            streams.append(stream)
-        return True, None
-
-
-def _unpin(shared, address, pid):
-    with _pins_lock:
-        streams = _pins.pop(shared, None)
-    if streams is None or os.getpid() != pid:   # not pinned, or forked
-        return
-    try:
-        try:
-            for stream in streams:   # copies that may still read the memory
-                stream.synchronize()
-        finally:
-            cuda.unregister_host(address)
-    except Exception as e:
-        warnings.warn('could not unregister page-locked shared memory from '
-                      'CUDA: {}: {}'.format(type(e).__name__, e),
-                      RuntimeWarning, stacklevel=2)
-
-
-# ---- staging buffers -------------------------------------------------------
-
-class _StagingBuffer:
-    __slots__ = ('array', 'busy', 'used')
-
-    def __init__(self):
-        self.array = None       # page-locked uint8 array
-        self.busy = None        # event after the copies that read it
-        self.used = 0           # when it was last given out
-
-    def free(self):
-        return self.busy is None or self.busy.done
-
-
-class _Staging:
-    """Page-locked buffers that batches not in shared memory are copied
-    through: one whole batch per buffer, busy until the event recorded
-    after its copies, at most ``STAGING_BUFFERS`` of them."""
-
-    def __init__(self):
-        self.buffers = []
-        self.count = 0
-
-    def take(self, nbytes):
-        """A buffer of at least ``nbytes`` that no queued copy reads; the
-        caller sets its ``busy`` event once the copies are issued."""
-        free = [b for b in self.buffers if b.free()]
-        fitting = [b for b in free if b.array.nbytes >= nbytes]
-        if fitting:
-            buffer = fitting[0]
-        elif len(self.buffers) < STAGING_BUFFERS:
-            buffer = _StagingBuffer()
-            buffer.array = cuda.alloc_pinned(max(nbytes, 1))
-            self.buffers.append(buffer)
-        elif free:
-            buffer = free[0]
-        else:                   # all in flight: wait for the oldest
-            buffer = min(self.buffers, key=lambda b: b.used)
-            buffer.busy.synchronize()
-        if buffer.array is None or buffer.array.nbytes < nbytes:
-            array = cuda.alloc_pinned(max(nbytes, 1))
-            buffer.array = array    # the old one returns to cupy's pool
-        self.count += 1
-        buffer.used = self.count
-        buffer.busy = None
-        return buffer
 
 
 def _drain(stream, staging, copying, retired):
@@ -222,7 +100,7 @@ class AsyncTransfer:
         cuda.check_available(device_id)
         with cuda.device(device_id):
             self.stream = stream or cuda.new_stream()
-        self._staging = _Staging()
+        self._staging = Staging()
         self._copying = collections.deque()     # tickets still read from
         self._retired = collections.deque()
         self._handed_out = None
@@ -246,7 +124,7 @@ class AsyncTransfer:
         arrays = _leaves(host_batch, [])
         staged = []
         for array in arrays:
-            pinned, error = _pinned(array, self.stream)
+            pinned, error = pin(array, self.stream)
             staged.append(not pinned)
             if error is not None and not self._warned:
                 self._warned = True

@@ -1,4 +1,5 @@
-"""The iterator protocol and the part every chainiter iterator shares.
+"""The part every chainiter iterator shares (Chainer's iterator protocol,
+``Iterator``, is in ``_protocol.py``).
 
 ::
 
@@ -9,14 +10,16 @@
                           └── _pending: PendingBatches
                               of (state_after, handle)
 
-``DatasetIterator`` owns the epoch logic (through the pure ``advance``), the
-snapshots (the pure codec ``_snapshot.py`` reads and checks them; the
-iterator adopts what it read, all of it or nothing) and the bookkeeping of
-batches dispatched ahead of the user (``_pending.py``).  Each pending batch
-travels with the state after it; the state is adopted only when the batch is
-handed out, so a snapshot never counts prefetched batches.  Its arguments are
-checked by ``_args.py``, ``shard=`` is resolved by ``_shard.py``; the
-PyTorch-style loop comes from ``_loop.py``, ``stats`` from ``_stats.py``.
+``DatasetIterator`` owns the epoch logic (through the pure ``advance``) and
+the bookkeeping of batches dispatched ahead of the user (``_pending.py``).
+Each pending batch travels with the state after it; the state is adopted
+only when the batch is handed out, so a snapshot never counts prefetched
+batches.  Its snapshots come from ``_serialize.py`` (the pure codec
+``_snapshot.py`` reads and checks them; the iterator adopts what it read,
+all of it or nothing), its Chainer attributes (``epoch``, ``epoch_detail``,
+...) from ``_position.py``.  Its arguments are checked by ``_args.py``,
+``shard=`` is resolved by ``_shard.py``; the PyTorch-style loop comes from
+``_loop.py``, ``stats`` from ``_stats.py``.
 
 A transport subclass implements ``_submit(step) -> handle`` (start loading a
 batch) and ``_collect(handle) -> batch`` (wait for it), and may set or
@@ -39,8 +42,7 @@ override:
 import copy
 import threading
 import time
-from typing import (
-    Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union)
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
 import numpy
 
@@ -48,66 +50,32 @@ from chainiter import _chainer_compat, _context
 from chainiter.errors import (
     ChainiterError,
     IteratorFinalizedError,
-    SnapshotMismatchError,
 )
 from chainiter.iterators import (
     _args,
     _loop,
     _orders,
+    _position,
+    _serialize,
     _shard,
-    _snapshot,
     _state,
     _stats,
     order_samplers,
 )
 from chainiter.iterators._pending import Failed, PendingBatches
-from chainiter.serializers.npz import DictionarySerializer, NpzDeserializer
-
-SNAPSHOT_FORMAT_VERSION = _snapshot.FORMAT_VERSION
+# Iterator is imported from here by iterators/__init__.py, dataset/,
+# device_prefetcher.py and _chainer_compat.py.
+from chainiter.iterators._protocol import Iterator
 
 #: Seeded orders kept: a batch loaded again after an interrupt or a
 #: snapshot finds its order's indices already computed.
 KEPT_ORDERS = 3
 
-_Self = TypeVar('_Self', bound='Iterator')
 _SelfD = TypeVar('_SelfD', bound='DatasetIterator')
 
 
-class _Root:
-    """The base of ``Iterator``: an empty class that Chainer's own Iterator
-    replaces when Chainer is loaded (see ``chainiter._chainer_compat``;
-    Python lets a class's base be swapped for a plain class, not for
-    ``object``)."""
-
-
-class Iterator(_Root):
-    """Chainer's iterator protocol: ``next()``, ``finalize()``,
-    ``serialize``."""
-
-    def __iter__(self: _Self) -> _Self:
-        return self
-
-    def __next__(self) -> Any:
-        raise NotImplementedError
-
-    def next(self) -> Any:
-        return self.__next__()
-
-    def finalize(self) -> None:
-        """Release the resources of the iterator.  Idempotent."""
-
-    def __enter__(self: _Self) -> _Self:
-        return self
-
-    def __exit__(self, exc_type: Any, exc_value: Any,
-                 traceback: Any) -> None:
-        self.finalize()
-
-    def serialize(self, serializer: Any) -> None:
-        """Save or load the iterator's state (Chainer's protocol)."""
-
-
-class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
+class DatasetIterator(_loop.EpochLoop, _stats.InputStats,
+                      _serialize.Snapshots, _position.Position, Iterator):
     """Base of SerialIterator, MultithreadIterator and MultiprocessIterator.
 
     The PyTorch-style loop (``len``, ``one_epoch()``) comes from
@@ -361,19 +329,6 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         self._drop_pending()
 
     @property
-    def repeat(self) -> bool:
-        return self._repeat
-
-    @property
-    def seed(self) -> int:
-        return self._seed
-
-    @property
-    def shard(self) -> Optional[_shard.Shard]:
-        """``Shard(rank, size)`` of a sharded iterator, else None."""
-        return self._shard
-
-    @property
     def global_batch_size(self) -> int:
         """Examples per step over all ranks: ``size * batch_size`` when
         sharded, else ``batch_size``."""
@@ -381,109 +336,10 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
                                   self._shard.size)
 
     @property
-    def padding(self) -> int:
-        """How many of the last batch's rows repeat an example from the
-        epoch's start to give every rank an equal share of the last, short
-        global batch (sharded, ``repeat=False``); 0 otherwise."""
-        return self._state.padding
-
-    @property
     def _pass_seed(self):
         """The seed of the current pass: ``seed`` until the first
         ``reset()``, then one derived from ``(seed, resets)``."""
         return order_samplers.pass_seed(self._seed, self._resets)
-
-    @property
-    def epoch(self) -> int:
-        return self._state.epoch
-
-    @property
-    def current_position(self) -> int:
-        return self._state.current_position
-
-    @property
-    def is_new_epoch(self) -> bool:
-        return self._state.is_new_epoch
-
-    @property
-    def epoch_size(self) -> int:
-        order = self._state.order
-        return len(self.dataset) if order is None else len(order)
-
-    @property
-    def epoch_detail(self) -> float:
-        return _state.epoch_detail(self._state, len(self.dataset))
-
-    @property
-    def previous_epoch_detail(self) -> Optional[float]:
-        value = self._state.previous_epoch_detail
-        return None if value < 0 else value
-
-    # ---- snapshots -------------------------------------------------------
-
-    def serialize(self, serializer: Any) -> None:
-        if _snapshot.is_deserializer(serializer):
-            self._load_snapshot(serializer)
-        else:
-            own = DictionarySerializer()
-            self._save_snapshot(own)
-            self._write_snapshot(serializer, own.target)
-
-    def _write_snapshot(self, serializer, items):
-        """Write ``items``, a snapshot in chainiter's layout (as
-        ``state_dict()`` has it), into ``serializer``: into Chainer's (and
-        with ``save_order``) with the epoch's order as Chainer writes it."""
-        chainers = _snapshot.is_chainers(serializer)
-        if chainers or self.save_order:
-            items = _snapshot.as_chainer_writes(
-                items, self._chainer_order, chainers)
-        for key, value in items.items():
-            serializer(key, value)
-
-    def _save_snapshot(self, serializer):
-        shard = self._shard
-        _snapshot.save(serializer, self._state, self._seed, self._resets,
-                       len(self.dataset), None if shard is None else
-                       shard.size, self.global_batch_size)
-
-    def _load_snapshot(self, serializer):
-        """Read a snapshot, check every field, then adopt it; a snapshot
-        that fails leaves the iterator (and its order sampler) as it was."""
-        read = _snapshot.read(serializer, _snapshot.Target(
-            len(self.dataset), self._shuffle, self.order_sampler is not None,
-            self.global_batch_size, self._seed if self._shard is not None
-            and self._seed_given else None))
-        # From here the order sampler may hold the snapshot's state, and
-        # an interrupt leave it there: the next next() restores it from
-        # the state in force.
-        self._stale = True
-        sampler_state = self._load_sampler(serializer)
-        # Everything fits: adopt it, all of it or nothing (no call between
-        # the stores).
-        self._drop_pending()
-        state = read.state._replace(sampler_state=sampler_state)
-        self._seed, self._resets, self._state, self._ahead = \
-            self._seed if read.seed is None else read.seed, read.resets, \
-            state, state
-
-    def _load_sampler(self, serializer):
-        """Load the order sampler's state from the snapshot, if it has one,
-        and return it (None for a sampler without state).  A state that
-        does not fit leaves the sampler as it was."""
-        if getattr(self.order_sampler, 'serialize', None) is None:
-            return None
-        before = _orders.capture(self.order_sampler)
-        try:
-            self.order_sampler.serialize(serializer['order_sampler'])
-        except KeyError:
-            pass  # written without sampler state (e.g. by Chainer)
-        except Exception as e:
-            _orders.restore(self.order_sampler, before)
-            raise SnapshotMismatchError(
-                'the snapshot\'s order_sampler state does not fit this '
-                'iterator\'s order sampler ({}: {})'.format(
-                    type(e).__name__, e)) from e
-        return _orders.capture(self.order_sampler)
 
     # ---- copies and pickles ---------------------------------------------
 
@@ -524,15 +380,3 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats, Iterator):
         new = type(self).__new__(type(self))
         new.__setstate__(pickled)
         return new
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The snapshot as a plain dict of Python scalars and numpy arrays."""
-        serializer = DictionarySerializer()
-        self.serialize(serializer)
-        return {key: value.item() if value.ndim == 0 else value
-                for key, value in serializer.target.items()}
-
-    def load_state_dict(self,
-                        state_dict: Mapping[str, Any]) -> None:
-        """Load a dict made by ``state_dict()``."""
-        self._load_snapshot(NpzDeserializer(state_dict))

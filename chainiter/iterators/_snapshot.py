@@ -18,7 +18,8 @@ a sharded iterator adds ``shard_size`` and ``global_batch_size``.  An order
 sampler's own state lies under ``order_sampler``: the iterator reads it
 (``DatasetIterator._load_snapshot``), as it changes the sampler.
 
-``read`` changes nothing: the iterator adopts its value all at once.
+``read`` changes nothing: the iterator adopts its value all at once.  Each
+field is read and checked by ``_snapshot_fields.py``.
 """
 
 import typing
@@ -28,6 +29,8 @@ import numpy
 
 from chainiter.errors import SnapshotMismatchError
 from chainiter.iterators import _state, order_samplers
+from chainiter.iterators._snapshot_fields import (
+    check_order, check_shard_fields, field, flag, integer, real, required)
 
 #: Version of the snapshot layout written by ``save`` (3: a seeded
 #: shuffle's order is named by ``seeded_order``, not stored; a sharded
@@ -180,26 +183,6 @@ def read(serializer, target: Target) -> Snapshot:
                                          order, previous), seed, resets)
 
 
-def field(serializer, key):
-    """The field ``key`` as an array, or None where the snapshot has
-    none."""
-    try:
-        value = serializer(key, None)
-    except KeyError:
-        return None
-    return None if value is None else numpy.asarray(value)
-
-
-def required(serializer, key):
-    value = field(serializer, key)
-    if value is None:
-        raise SnapshotMismatchError(
-            'the snapshot has no {!r}; it is not an iterator '
-            'snapshot, or the iterator lies under a path (pass '
-            'path=, e.g. "updater/iterator:main/")'.format(key))
-    return value
-
-
 def guess_previous_epoch_detail(epoch, position, size, global_batch_size):
     """``previous_epoch_detail`` where a snapshot lacks it (old Chainer
     versions): guessed as Chainer does."""
@@ -240,35 +223,6 @@ def _order(serializer, target):
     return seeded, order
 
 
-def check_order(order, n, permutation):
-    """The snapshot's ``order`` for a dataset of ``n`` examples (None for
-    Chainer's None): any epoch's length for an order sampler's, a
-    ``permutation`` of ``range(n)`` for a seeded shuffle's."""
-    if order.ndim == 0 and order.dtype == object:
-        return None   # Chainer writes None as a 0-d object array
-    if order.ndim != 1 or order.dtype.kind not in 'iu':
-        raise SnapshotMismatchError(
-            'the snapshot\'s order must be a 1-d array of integers, got '
-            'shape {} of dtype {}'.format(order.shape, order.dtype))
-    if permutation:
-        if len(order) != n:
-            raise SnapshotMismatchError(
-                'the snapshot was written for a dataset of length {} '
-                '(its order has {} entries), but this iterator\'s '
-                'dataset has length {}'.format(len(order), len(order), n))
-        if n and 0 <= order.min() and order.max() < n and \
-                numpy.bincount(order, minlength=n).max() > 1:
-            raise SnapshotMismatchError(
-                'the snapshot\'s order repeats indices; a shuffled '
-                'order is a permutation of range({})'.format(n))
-    try:
-        return _state.check_order(order, n)
-    except ValueError as e:
-        raise SnapshotMismatchError(
-            'the snapshot\'s order does not fit this iterator\'s '
-            'dataset of length {}: {}'.format(n, e)) from e
-
-
 def _seed(serializer):
     seed = field(serializer, 'seed')
     if seed is None:
@@ -294,70 +248,3 @@ def _seeded_order(order, seed, resets, epoch, n):
             'the snapshot\'s order is not the one its seed gives for '
             'epoch {}; the snapshot is corrupt'.format(epoch))
     return derived
-
-
-def check_shard_fields(serializer):
-    """A snapshot of a sharded iterator loads on any number of ranks
-    with any batch size (elastic): the state is the global position.
-    Its shard fields are checked for sense only."""
-    size = field(serializer, 'shard_size')
-    global_batch = field(serializer, 'global_batch_size')
-    if (size is None) != (global_batch is None):
-        raise SnapshotMismatchError(
-            'the snapshot has {} but not {}; it is corrupt'.format(
-                *(('shard_size', 'global_batch_size') if
-                  global_batch is None else
-                  ('global_batch_size', 'shard_size'))))
-    if size is None:
-        return
-    size = integer(size, 'shard_size')
-    global_batch = integer(global_batch, 'global_batch_size')
-    if size < 1 or global_batch < 1 or global_batch % size:
-        raise SnapshotMismatchError(
-            'the snapshot has shard_size {} and global_batch_size {}: '
-            'a global batch is shard_size (>= 1) times the batch size '
-            '(>= 1); the snapshot is corrupt'.format(size, global_batch))
-
-
-# ---- fields --------------------------------------------------------------
-
-def _scalar(value, key):
-    if value.shape != ():
-        raise SnapshotMismatchError(
-            'the snapshot\'s {} must be a single number, got an array of '
-            'shape {}'.format(key, value.shape))
-    return value
-
-
-def integer(value, key):
-    """A snapshot field that must be an integer (integral floats, as a
-    state dict passed through JSON has them, are taken)."""
-    value = _scalar(value, key)
-    kind = value.dtype.kind
-    if kind in 'iu' or (kind == 'f' and numpy.isfinite(value)
-                        and float(value).is_integer()):
-        number = int(value)
-        if -2 ** 63 <= number < 2 ** 63:
-            return number
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be an integer, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def flag(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind == 'b' or (value.dtype.kind in 'iu'
-                                   and int(value) in (0, 1)):
-        return bool(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a bool, got {!r} of dtype {}'.format(
-            key, value.item(), value.dtype))
-
-
-def real(value, key):
-    value = _scalar(value, key)
-    if value.dtype.kind in 'iuf' and numpy.isfinite(value):
-        return float(value)
-    raise SnapshotMismatchError(
-        'the snapshot\'s {} must be a finite number, got {!r}'.format(
-            key, value.item()))

@@ -70,12 +70,17 @@ One file, one idea:
   ``converted.py``: a converter run in the workers.
 - ``share.py``: under spawn and forkserver, the dataset's large arrays
   travel to the workers as a read-only shared copy (the main process's
-  own arrays stay as they are); ``by_value.py``: what
+  own arrays stay as they are); ``array_places.py``: where such an array
+  lies (pure); ``array_pickle.py``: the pickler that takes them out of
+  the dataset's pickle, and the unpickler that views them;
+  ``shared_arrays.py``: ``shared_empty`` and ``shared_copy``, arrays in
+  shared memory from the start; ``by_value.py``: what
   the workers cannot import (a notebook's classes, lambdas) goes by value,
   through cloudpickle (the one module that imports it).
 - ``slots.py``: the shared-memory slots, their leases and layouts;
   ``room.py``: whether the process's limits leave room for one more;
-  ``shm.py``: one shared buffer; ``layout.py``, ``list_layout.py``,
+  ``shm.py``: one shared buffer (``shm_files.py``: its
+  file, and the room for it); ``layout.py``, ``list_layout.py``,
   ``stacked_layout.py``, ``stacked_rows.py``, ``stacked_columns.py``,
   ``read.py``: where the arrays of a batch go in a slot, and how they are
   read back.

@@ -13,6 +13,9 @@ killed.  Two things differ from a ``RawArray``:
   worker's pipe, ``multiprocessing.reduction.send_handle``), not only while
   the worker starts, so buffers sized from the first batch can be handed to
   workers that are already running.
+
+The files, the room for them and the reserving of their pages are
+``shm_files.py``.
 """
 
 import ctypes
@@ -29,121 +32,13 @@ import numpy
 
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import SharedMemoryWarning
-
-_SHM_DIR = '/dev/shm'
+# reserve_pages is imported from here by worker.py.
+from chainiter.iterators.multiprocess.shm_files import (
+    SHM_DIR, create_file, free_bytes, reserve_pages, size_text, unreserved)
 
 # mmap's flag that maps every page at once (Linux; Python 3.10 names it).
 _MAP_POPULATE = getattr(mmap, 'MAP_POPULATE',
                         0x8000 if sys.platform.startswith('linux') else 0)
-
-
-def _free_bytes(directory):
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
-
-
-# The buffers made without reserving their pages: the room they may still
-# take is not free for the next buffer (``_outstanding``).
-_unreserved = weakref.WeakSet()
-
-
-def _limited(directory):
-    """False for a file system without a size (a tmpfs mounted with
-    ``size=0``: statvfs says 0 bytes free, and any size fits)."""
-    try:
-        return os.statvfs(directory).f_blocks > 0
-    except OSError:
-        return True
-
-
-def _outstanding(directory):
-    """The bytes that live buffers in ``directory`` made without
-    reserving may still take there (their size less what they hold)."""
-    total = 0
-    for shared in list(_unreserved):
-        fd = shared.fd
-        if fd < 0 or shared.directory != directory:
-            continue
-        try:
-            total += max(0, shared.size - os.fstat(fd).st_blocks * 512)
-        except OSError:
-            pass
-    return total
-
-
-def _room(directory):
-    """The bytes free in ``directory`` for a buffer made without
-    reserving: free now, less what the others may still take.  Those are
-    measured first: a worker that reserves one of them in between has its
-    pages counted twice (too little room), never not at all.  (Free bytes
-    read first, and then a buffer that a worker had reserved meanwhile,
-    lost its pages from both: a slot went to a /dev/shm without room for
-    it, in 1 run of 36 of a test.)  Measured again, a few times, while a
-    reservation changed what the others may take."""
-    outstanding = _outstanding(directory)
-    for _ in range(3):
-        room = _free_bytes(directory) - outstanding
-        again = _outstanding(directory)
-        if again == outstanding:
-            break
-        outstanding = again
-    return room
-
-
-def reserve_pages(fd, size):
-    """Reserve the pages of the first ``size`` bytes of file ``fd``, so
-    that writing into a mapping of them cannot raise SIGBUS.  None, or the
-    reason (a string) when the file system has no room for them (ENOSPC,
-    EDQUOT, EFBIG; ENOMEM on a tmpfs under memory pressure).  Nothing
-    where nothing reserves (no posix_fallocate: macOS; a file system
-    that cannot)."""
-    if not hasattr(os, 'posix_fallocate'):
-        return None
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            return None
-        return os.strerror(e.errno) if e.errno else str(e)
-    return None
-
-
-def _create_file(directory, size, reserve=True):
-    """An unlinked file of ``size`` reserved bytes in ``directory``; raises
-    OSError(ENOSPC) when it does not fit.  Without ``reserve`` the file
-    only has its size (its pages come with the writes) and "fits" means
-    that the file system has the bytes free now, less what the other
-    buffers made so may still take.
-
-    With O_TMPFILE the file never has a name: nothing can be left behind,
-    not even by an interrupt between creating and unlinking it."""
-    try:
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except (AttributeError, OSError) as e:
-        if isinstance(e, OSError) and e.errno not in (
-                errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-            raise
-        # No O_TMPFILE here (another OS, an old kernel or filesystem).
-        fd, name = tempfile.mkstemp(prefix='chainiter-', dir=directory)
-        os.unlink(name)
-    try:
-        if reserve and hasattr(os, 'posix_fallocate'):
-            os.posix_fallocate(fd, 0, size)
-        elif _limited(directory) and _room(directory) < size:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        else:
-            os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _size_text(n):
-    return '{:,} bytes ({:.1f} MiB)'.format(n, n / 2 ** 20)
 
 
 # The live buffers by id() of their mmap, for SharedBuffer.of().
@@ -221,14 +116,14 @@ class SharedBuffer:
         later (0.25 s a GiB), by ``reserve()`` or by the process that
         writes into it (a worker, for a slot), before it writes."""
         size = max(int(size), 1)
-        directories = [_SHM_DIR, tempfile.gettempdir()]
-        if not os.path.isdir(_SHM_DIR):
+        directories = [SHM_DIR, tempfile.gettempdir()]
+        if not os.path.isdir(SHM_DIR):
             directories = directories[1:]
         tried = []
         for directory in directories:
-            free = _free_bytes(directory)
+            free = free_bytes(directory)
             try:
-                fd = _create_file(directory, size, reserve)
+                fd = create_file(directory, size, reserve)
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise
@@ -238,7 +133,7 @@ class SharedBuffer:
                 shared = cls(size, fd)
                 shared.directory = directory
                 if not reserve:
-                    _unreserved.add(shared)
+                    unreserved.add(shared)
             except OSError as e:
                 os.close(fd)
                 if e.errno != errno.ENOMEM:
@@ -247,7 +142,7 @@ class SharedBuffer:
                     'cannot map {} of shared memory: the address space is '
                     'exhausted (ulimit -v / RLIMIT_AS?). Raise the limit, or '
                     'lower n_prefetch, batch_size or shared_mem'.format(
-                        _size_text(size))) from e
+                        size_text(size))) from e
             if tried:
                 try:
                     warnings.warn(
@@ -257,8 +152,8 @@ class SharedBuffer:
                         '--shm-size=..., or mount -o remount,size=... '
                         '/dev/shm) or lower n_prefetch, batch_size or '
                         'shared_mem'.format(
-                            _size_text(size), tried[0][0],
-                            _size_text(tried[0][1]), directory),
+                            size_text(size), tried[0][0],
+                            size_text(tried[0][1]), directory),
                         SharedMemoryWarning, stacklevel=4)
                 except BaseException:     # the warning is an error here
                     shared.release()
@@ -268,8 +163,8 @@ class SharedBuffer:
             'no room for {} of shared-memory buffers: {}. Enlarge /dev/shm '
             '(e.g. docker run --shm-size=...) or the temporary directory '
             '(TMPDIR), or lower n_prefetch, batch_size or shared_mem'.format(
-                _size_text(size), ', '.join(
-                    '{} has {} free'.format(d, _size_text(f))
+                size_text(size), ', '.join(
+                    '{} has {} free'.format(d, size_text(f))
                     for d, f in tried)))
 
     def reserve(self):
@@ -283,8 +178,8 @@ class SharedBuffer:
                 'was there a moment ago, and something else took it. '
                 'Enlarge /dev/shm (e.g. docker run --shm-size=...) or the '
                 'temporary directory (TMPDIR)'.format(
-                    _size_text(self.size), self.directory, reason,
-                    _size_text(_free_bytes(self.directory))))
+                    size_text(self.size), self.directory, reason,
+                    size_text(free_bytes(self.directory))))
 
     def close(self):
         """Close the descriptor.  The mapping stays for as long as this
