@@ -8,6 +8,7 @@ import types
 import numpy
 
 import chainiter
+from chainiter.dataset.stacked_examples import StackedExamples
 
 
 class AugmentedDataset:
@@ -32,7 +33,11 @@ def _canonical(value):
     if isinstance(value, numpy.generic):
         return ('scalar', value.dtype.str, value.tobytes())
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_canonical(v) for v in value))
+        # A MultiprocessIterator's list batch is a list (a subclass that
+        # also holds the stacked rows: StackedExamples).
+        name = 'list' if type(value) is StackedExamples else \
+            type(value).__name__
+        return (name, tuple(_canonical(v) for v in value))
     if isinstance(value, dict):
         return ('dict', tuple((k, _canonical(v)) for k, v in value.items()))
     return (type(value).__name__, repr(value))

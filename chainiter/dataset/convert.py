@@ -13,6 +13,7 @@ import numpy
 from chainiter.backends import cuda
 from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
+from chainiter.dataset.stacked_examples import StackedExamples
 
 
 def to_device(device: Any, x: Any) -> Any:
@@ -112,6 +113,11 @@ def concat_examples(batch: Any, device: Any = None,
     Returns:
         A tuple, dict or array of stacked arrays, with the batch axis first.
     """
+    if type(batch) is StackedExamples and padding is None:
+        # A MultiprocessIterator's list batch: its workers stacked it.
+        stacked = batch.stacked_as_made()
+        if stacked is not None:
+            return _send(_destination(device), stacked)
     if len(batch) == 0:
         raise ValueError('concat_examples got an empty batch; there is '
                          'nothing to stack')

@@ -7,6 +7,7 @@ import bisect
 import itertools
 import typing
 
+from chainiter.dataset.stacked_examples import StackedExamples
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import stacked_rows
 from chainiter.iterators.multiprocess.reading import metas
@@ -100,7 +101,10 @@ def batch_tops(buffers, parts, bounds):
 
 
 def rows(stacked, a, b):
-    """Rows ``a...b - 1`` of a stacked batch."""
+    """Rows ``a...b - 1`` of a stacked batch (or of a list of examples
+    made of its rows)."""
+    if type(stacked) is StackedExamples:
+        return stacked.cut(a, b)
     if type(stacked) is tuple:
         return tuple(array[a:b] for array in stacked)
     if type(stacked) is dict:

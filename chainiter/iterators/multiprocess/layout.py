@@ -65,4 +65,10 @@ class Layout(typing.NamedTuple):
     fields: tuple = ()           # stacked mode
     padding: object = None       # stacked mode: the value, tuple or dict
     padded: tuple = ()           # stacked mode: indices of padded fields
+    # Stacked mode, for batches handed out as lists (no converter): every
+    # example must come back as it was loaded, its types and all, so that
+    # only those of tuples, dicts, arrays of native byte order, numpy
+    # scalars and Python bools, ints, floats and complex numbers go into
+    # rows (``stacked_rows.exact_columns``); any other comes whole.
+    exact: bool = False
 

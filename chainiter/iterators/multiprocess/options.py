@@ -28,6 +28,8 @@ class Options:
     worker_init_fn: Optional[Callable[[int], Any]]
     cpus: int               # read once (cgroup files: 0.15 ms)
     stacked: bool           # concat_examples: the workers stack
+    listed: bool            # no converter: they stack, and the batch is
+    #                         the list of its examples made of the rows
     padding: Any            # its padding (None: none)
     in_workers: bool        # another converter runs in the workers
     may_group: bool         # batches may go to the workers in groups
@@ -107,6 +109,10 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
     method = multiprocessing.get_context(start_method).get_start_method()
     launch.refuse_in_bootstrap(method)
     stacked, padding = stacking_padding(converter)
+    # Without a converter the batch is the list of examples, as loaded:
+    # the workers stack them all the same (StackedExamples).
+    listed = converter is None
+    stacked = stacked or listed
     # concat_examples stacks in the workers already, with no copy.
     in_workers = converter_in_workers and not stacked
     max_depth = n_prefetch or max_prefetch_per_worker * n_processes
@@ -125,7 +131,8 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
         dataset_timeout=dataset_timeout, maxtasksperchild=maxtasksperchild,
         converter=converter, converter_in_workers=converter_in_workers,
         start_method=method, worker_init_fn=worker_init_fn, cpus=cpus,
-        stacked=stacked, padding=padding, in_workers=in_workers,
+        stacked=stacked, listed=listed, padding=padding,
+        in_workers=in_workers,
         # A group counts as its batches: against an explicit n_prefetch
         # (batches in flight) and maxtasksperchild (tasks).
         may_group=stacked,

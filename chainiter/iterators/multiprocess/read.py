@@ -7,7 +7,8 @@ from chainiter.iterators.multiprocess.list_layout import (
     UniformRows, read_list_chunk, read_list_example)
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 from chainiter.iterators.multiprocess.stacked_rows import (
-    example_specs, one_array, read_example, read_stacked, tops_of)
+    example_list, example_specs, listed_kinds, one_array, read_example,
+    read_stacked, tops_of)
 
 
 class _AsIs(typing.NamedTuple):
@@ -30,7 +31,12 @@ def read_batch(base, layout, chunks):
                 n = sum(chunk.n for chunk in chunks)
                 tops = chunks[0].tops if len(chunks) == 1 else \
                     tops_of(layout, chunks)
-                return read_stacked(base, layout, n, tops, specs), None, ()
+                stacked = read_stacked(base, layout, n, tops, specs)
+                if not layout.exact:
+                    return stacked, None, ()
+                kinds = listed_kinds(layout, chunks)
+                if kinds is not None:
+                    return example_list(stacked, layout, kinds), None, ()
         metas = example_specs(layout, chunks)
         # The rows come back as the values they were written from, and
         # the examples that came whole as they are: the converter makes

@@ -58,7 +58,9 @@ def read(pool, batch, chunks, fitting):
     if oversize:
         slot_bytes = fitting.fit(pool, examples, layout, oversize, False)
     # Some of it came through the socket, or the main process stacks it.
-    return (None, examples, bool(oversize) or layout.mode == 'stacked',
+    # (Examples read back exactly, for a list batch, were the workers'.)
+    return (None, examples, bool(oversize) or (layout.mode == 'stacked' and
+                                               not layout.exact),
             slot_bytes)
 
 

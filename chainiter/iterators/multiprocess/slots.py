@@ -41,7 +41,8 @@ import weakref
 
 import numpy
 
-from chainiter.iterators.multiprocess import list_layout, stacked_layout
+from chainiter.iterators.multiprocess import (
+    list_layout, stacked_layout, stacked_rows)
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.room import check_room
 from chainiter.iterators.multiprocess.shm import SharedBuffer
@@ -120,11 +121,13 @@ def _idle(slot, generation):
 
 class SlotPool:
 
-    def __init__(self, n_slots, batch_size, stacked, padding, shared_mem):
+    def __init__(self, n_slots, batch_size, stacked, padding, shared_mem,
+                 exact=False):
         self.n_slots = n_slots
         self.batch_size = batch_size
         self.stacked = stacked
         self.padding = padding
+        self.exact = exact      # stacked layouts are ``Layout.exact``
         self.shared_mem = shared_mem
         self.buffers = None
         self.replaced = []      # earlier buffers, until the pool closes
@@ -290,9 +293,24 @@ class SlotPool:
         Growth is measured against the buffers in use, which may have
         grown since ``layout`` (the batch's) was current.
         """
+        new, mismatch = self._fit(examples, layout)
+        if new is not None and self.exact and new.mode == 'stacked':
+            new = new._replace(exact=True)
+        return new, mismatch
+
+    def _fit(self, examples, layout):
         current = self.layout
         new = None
-        if self.stacked:
+        stacked = self.stacked
+        if stacked and self.exact and \
+                not stacked_rows.exact_examples(examples):
+            # A list batch whose examples would not come back from rows
+            # as they were: the list layout, or the buffers as they are
+            # (such examples come whole).
+            if current is not None and current.mode == 'stacked':
+                return None, None
+            stacked = False
+        if stacked:
             new = stacked_layout.stacked_layout(
                 examples, self.batch_size, self.padding)
             if current is not None and current.mode == 'stacked':

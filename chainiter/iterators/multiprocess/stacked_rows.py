@@ -5,6 +5,8 @@ import operator
 
 import numpy
 
+from chainiter.dataset.stacked_examples import StackedExamples
+
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.stacked_layout import (
     ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, Rows, example_columns, field_padding,
@@ -27,6 +29,8 @@ _SCALARS = (numpy.generic, bool, int, float, complex)
 _LIKE = (ARRAY, NUMPY_SCALAR, PYTHON_SCALAR)
 # The kinds of value that have a shape.
 _ANY_SHAPE = frozenset((ARRAY, NUMPY_SCALAR))
+# The types of value that come back from their rows as they were.
+_EXACT = frozenset((numpy.ndarray, bool, int, float, complex))
 
 
 def write_stacked_chunk(whole, layout, start_row, examples):
@@ -38,7 +42,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
     """
     n = len(examples)
     columns = example_columns(layout, examples)
-    if columns is None:
+    if columns is None or (layout.exact and not exact_columns(columns)):
         return None
     padded = set(padded_fields(layout))
     tops = {}
@@ -162,6 +166,45 @@ def write_stacked_chunk(whole, layout, start_row, examples):
     return Rows(n, tops, tuple(specs))
 
 
+def exact_columns(columns):
+    """Whether every value of ``columns`` comes back from its row as it
+    was (``restored``): an ndarray of native byte order, a numpy scalar,
+    or a Python bool, int, float or complex.  Not a list (it would come
+    back a list of another type, or a tuple as a list), an int subclass
+    (an enum) or an array of the other byte order."""
+    for column in columns:
+        types = set(map(type, column))
+        if numpy.ndarray in types and not all(
+                d.isnative for d in set(map(_dtype, column))):
+            return False
+        if not types <= _EXACT and not all(
+                issubclass(t, numpy.generic) for t in types - _EXACT):
+            return False
+    return True
+
+
+def exact_examples(examples):
+    """Whether every example of a batch would come back from stacked
+    rows as it was (``Layout.exact``): tuples of one length, dicts of
+    the same keys, or bare values, of the types ``exact_columns``
+    takes."""
+    types = set(map(type, examples))
+    if types == {tuple}:
+        if len(set(map(len, examples))) != 1:
+            return False
+        columns = list(zip(*examples))
+    elif types == {dict}:
+        keys = examples[0].keys()
+        if any(example.keys() != keys for example in examples):
+            return False
+        columns = [[example[key] for example in examples] for key in keys]
+    elif any(isinstance(example, (tuple, dict)) for example in examples):
+        return False
+    else:
+        columns = [examples]
+    return exact_columns(columns)
+
+
 def as_rows(layout, metas):
     """``Rows`` for per-example results that all fitted with the same
     dtypes and shapes (but for padded fields' shapes); else ``metas``.
@@ -193,6 +236,25 @@ def _tops(indices, shape_lists):
 
 
 def _field_value(layout, example, key):
+    if layout.exact:
+        value = _exact_value(layout, example, key)
+        if not exact_columns([[value]]):
+            raise KeyError(key)
+        return value
+    return _any_value(layout, example, key)
+
+
+def _exact_value(layout, example, key):
+    """The field ``key`` of an example of exactly a tuple or a dict
+    (``Layout.exact``: a namedtuple or an OrderedDict would come back as
+    the plain one)."""
+    if layout.structure == 'tuple' and type(example) is not tuple or \
+            layout.structure == 'dict' and type(example) is not dict:
+        raise KeyError(key)
+    return _any_value(layout, example, key)
+
+
+def _any_value(layout, example, key):
     if layout.structure == 'tuple':
         if not isinstance(example, tuple) or len(example) != len(
                 layout.fields):
@@ -510,3 +572,43 @@ def read_example(base, layout, start_row, row, specs):
                 start_row * field.row_bytes + (row - start_row) * size),
                 kind))
     return _structured(layout, values)
+
+
+def listed_kinds(layout, chunks):
+    """The kind of value of each field (``kind_of``), when every example
+    of the chunks (all ``Rows``) has the same; else None."""
+    kinds = None
+    for chunk in chunks:
+        specs = _specs(layout, chunk)
+        these = tuple(None if spec is None else spec[2] for spec in specs)
+        if None in these or any(len(k) != 1 for k in these) or \
+                kinds is not None and these != kinds:
+            return None
+        kinds = these
+    return kinds
+
+
+def example_list(stacked, layout, kinds):
+    """The examples of the stacked batch ``stacked`` (read with
+    ``Layout.exact``) as they were loaded, a ``StackedExamples``: each
+    array a view of its row, each scalar of its type again."""
+    values = list(stacked) if layout.structure == 'tuple' else \
+        [stacked[f.key] for f in layout.fields] \
+        if layout.structure == 'dict' else [stacked]
+    columns = []
+    for value, kind in zip(values, kinds):
+        if kind == PYTHON_SCALAR:
+            columns.append(value.tolist())
+        elif kind == ARRAY and value.ndim == 1:
+            # 0-d arrays: iterating would give numpy scalars.
+            columns.append([value[i, ...] for i in range(len(value))])
+        else:
+            columns.append(list(value))
+    if layout.structure == 'tuple':
+        return StackedExamples(zip(*columns), stacked, 'tuple')
+    if layout.structure == 'dict':
+        keys = [f.key for f in layout.fields]
+        return StackedExamples(
+            [dict(zip(keys, example)) for example in zip(*columns)],
+            stacked, 'dict', dict(zip(keys, columns)))
+    return StackedExamples(columns[0], stacked, 'single')

@@ -41,7 +41,7 @@ class Transport:
         slots = SlotPool(options.max_depth + 2,
                          1 if options.in_workers else batch_size,
                          options.stacked, options.padding,
-                         options.shared_mem)
+                         options.shared_mem, exact=options.listed)
         if options.shared_mem is not None and not options.stacked:
             # Before any worker starts: they get it as they start.
             slots.replace(list_layout.list_layout(

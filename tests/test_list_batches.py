@@ -1,0 +1,176 @@
+"""List batches (no converter, as Chainer's iterators hand out): the
+workers still stack the examples in shared memory, and ``next()`` returns
+the list of the examples made of views of the rows, each value of the
+type it was loaded as.  ``concat_examples`` of that list returns the
+stacked arrays without a copy.  The list is the SerialIterator's list in
+every way a user sees."""
+
+import collections
+import copy
+import enum
+import pickle
+
+import numpy
+import pytest
+
+from chainiter import MultiprocessIterator, SerialIterator, concat_examples
+from chainiter.dataset.stacked_examples import StackedExamples
+
+from helpers import fingerprint
+
+Pair = collections.namedtuple('Pair', 'x y')
+
+
+class Color(enum.IntEnum):
+    RED = 1
+    GREEN = 2
+
+
+class Kinds:
+    """Example i of one kind of structure and values."""
+
+    def __init__(self, kind, n=160):
+        self.kind = kind
+        self.n = n
+        self.x = numpy.arange(n * 3, dtype=numpy.float32).reshape(n, 3)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        kind, x = self.kind, self.x[i]
+        if kind == 'tuple':
+            return x.copy(), i % 7
+        if kind == 'dict':
+            return {'x': x.copy(), 'y': numpy.int32(i), 'z': i * 0.5}
+        if kind == 'array':
+            return x.copy()
+        if kind == 'int':
+            return i
+        if kind == 'scalars':
+            return (numpy.float32(i), i % 2 == 0, complex(i, 1),
+                    numpy.array(i, dtype=numpy.int16))
+        if kind == 'namedtuple':
+            return Pair(x.copy(), i)
+        if kind == 'nested':
+            return x.copy(), (i, i + 1)
+        if kind == 'list-field':
+            return x.copy(), [i, i + 1]
+        if kind == 'enum':
+            return x.copy(), Color(1 + i % 2)
+        if kind == 'big-endian':
+            return x.astype('>f4'), i
+        if kind == 'mixed':
+            # A float among the ints: each comes back as it was.
+            return x.copy(), (i if i % 5 else i + 0.5)
+        if kind == 'strings':
+            return x.copy(), 'example {}'.format(i)
+        raise ValueError(kind)
+
+
+KINDS = ['tuple', 'dict', 'array', 'int', 'scalars', 'namedtuple', 'nested',
+         'list-field', 'enum', 'big-endian', 'mixed', 'strings']
+
+
+@pytest.fixture(autouse=True)
+def group_early(monkeypatch):
+    """Group after two batches, in groups of at most four."""
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 2)
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_S', 10.0)
+    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 4)
+
+
+def _serial(dataset, n, **kwargs):
+    with SerialIterator(dataset, 5, shuffle=True, seed=3, **kwargs) as it:
+        return [fingerprint(next(it)) for _ in range(n)]
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_list_batches_are_the_serial_ones(method, kind):
+    dataset = Kinds(kind)
+    expected = _serial(dataset, 70)
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
+                              seed=3, start_method=method) as it:
+        got = [fingerprint(list(next(it))) for _ in range(70)]
+    assert got == expected
+
+
+@pytest.mark.parametrize('arguments', [
+    {}, {'n_prefetch': 8}, {'shared_mem': 64}, {'maxtasksperchild': 4}])
+def test_list_batches_are_stacked_by_the_workers(method, arguments):
+    dataset = Kinds('tuple')
+    expected = _serial(dataset, 60)
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
+                              seed=3, start_method=method,
+                              **arguments) as it:
+        got, groups = [], []
+        for i in range(60):
+            batch = next(it)
+            # (The first batch comes by copy: it sizes the buffers.)
+            assert i == 0 or type(batch) is StackedExamples
+            got.append(fingerprint(list(batch)))
+            groups.append(it.stats['batches_per_task'])
+        assert it.stats['by_copy'] == 1      # the first batch only
+    assert got == expected
+    assert max(groups) > 1
+
+
+@pytest.mark.parametrize('kind', ['tuple', 'dict', 'array', 'scalars'])
+def test_concat_examples_of_a_list_batch_is_the_stacked_rows(kind):
+    dataset = Kinds(kind)
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              start_method='fork') as it:
+        for i in range(12):
+            batch = next(it)
+            stacked = concat_examples(batch)
+            assert fingerprint(stacked) == \
+                fingerprint(concat_examples(list(batch)))
+            first = stacked[0] if kind in ('tuple', 'scalars') else \
+                stacked['x'] if kind == 'dict' else stacked
+            example = batch[0]
+            value = example[0] if kind in ('tuple', 'scalars') else \
+                example['x'] if kind == 'dict' else example
+            if kind != 'scalars' and i > 0:
+                # No copy: the example views the stacked rows (the first
+                # batch comes by copy, to size the buffers).
+                assert numpy.shares_memory(first, value)
+
+
+def test_a_list_batch_held_pickled_and_copied_stays_as_it_was(method):
+    dataset = Kinds('dict')
+    with SerialIterator(dataset, 5, shuffle=False) as ref:
+        expected = [fingerprint(next(ref)) for _ in range(40)]
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        held = [next(it) for _ in range(40)]
+        more = [next(it) for _ in range(40)]     # the slots go round
+        assert [fingerprint(list(b)) for b in held] == expected
+        for batch, want in zip(held, expected):
+            for other in (pickle.loads(pickle.dumps(batch)),
+                          copy.copy(batch), copy.deepcopy(batch)):
+                assert type(other) is list
+                assert fingerprint(other) == want
+            assert len(batch) == 5
+            assert fingerprint(batch[1:3]) == fingerprint(list(batch)[1:3])
+        del more
+
+
+def test_a_changed_list_batch_converts_as_changed():
+    dataset = Kinds('dict')
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              start_method='fork') as it:
+        for _ in range(8):
+            next(it)
+        batch = next(it)
+        batch[0] = dataset[100]
+        assert fingerprint(concat_examples(batch)) == \
+            fingerprint(concat_examples(list(batch)))
+        batch = next(it)
+        batch[1]['y'] = numpy.int32(-1)          # a dict example changed
+        assert concat_examples(batch)['y'][1] == -1
+        batch = next(it)
+        batch.append(dataset[0])
+        assert len(concat_examples(batch)['x']) == 6
+        batch = next(it)
+        batch[2]['x'][0] = -5.0                  # inside the array: a view
+        assert concat_examples(batch)['x'][2, 0] == -5.0
