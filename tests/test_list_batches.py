@@ -63,13 +63,21 @@ class Kinds:
         if kind == 'mixed':
             # A float among the ints: each comes back as it was.
             return x.copy(), (i if i % 5 else i + 0.5)
+        if kind == 'ragged':
+            return numpy.arange(1 + i % 7, dtype=numpy.int32), i
+        if kind == 'ragged-2d':
+            return {'x': numpy.full((1 + i % 3, 1 + i % 4), i,
+                                    dtype=numpy.float32), 'y': x.copy()}
+        if kind == 'ragged-single':
+            return numpy.arange(1 + i % 5, dtype=numpy.int64) * i
         if kind == 'strings':
             return x.copy(), 'example {}'.format(i)
         raise ValueError(kind)
 
 
 KINDS = ['tuple', 'dict', 'array', 'int', 'scalars', 'namedtuple', 'nested',
-         'list-field', 'enum', 'big-endian', 'mixed', 'strings']
+         'list-field', 'enum', 'big-endian', 'mixed', 'strings', 'ragged',
+         'ragged-2d', 'ragged-single']
 
 
 @pytest.fixture(autouse=True)
@@ -174,3 +182,30 @@ def test_a_changed_list_batch_converts_as_changed():
         batch = next(it)
         batch[2]['x'][0] = -5.0                  # inside the array: a view
         assert concat_examples(batch)['x'][2, 0] == -5.0
+
+
+@pytest.mark.parametrize('kind', ['ragged', 'ragged-2d', 'ragged-single'])
+def test_ragged_list_batches_pad_in_the_workers(method, kind):
+    # Arrays of several shapes are padded with 0 in their rows; each
+    # example is its row cut to its shape, and concat_examples with
+    # padding=0 is the padded rows, without a copy; any other padding
+    # pads the examples as they are.
+    dataset = Kinds(kind)
+    with SerialIterator(dataset, 5, shuffle=True, seed=3) as ref:
+        expected = [list(next(ref)) for _ in range(40)]
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
+                              seed=3, start_method=method) as it:
+        got = [next(it) for _ in range(40)]
+        # The first batch, and those with longer examples than any before
+        # (they grow the buffers), come by copy.
+        by_copy = it.stats['by_copy']
+    assert by_copy < 10
+    assert sum(type(b) is StackedExamples for b in got) == 40 - by_copy
+    for batch, want in zip(got, expected):
+        assert fingerprint(list(batch)) == fingerprint(want)
+        for padding in (0, -1):
+            assert fingerprint(concat_examples(batch, padding=padding)) == \
+                fingerprint(concat_examples(want, padding=padding))
+        if type(batch) is StackedExamples:
+            assert batch.stacked_for(0) is not None
+            assert batch.stacked_for(-1) is None

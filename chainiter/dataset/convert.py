@@ -113,9 +113,9 @@ def concat_examples(batch: Any, device: Any = None,
     Returns:
         A tuple, dict or array of stacked arrays, with the batch axis first.
     """
-    if type(batch) is StackedExamples and padding is None:
+    if type(batch) is StackedExamples:
         # A MultiprocessIterator's list batch: its workers stacked it.
-        stacked = batch.stacked_as_made()
+        stacked = batch.stacked_for(padding)
         if stacked is not None:
             return _send(_destination(device), stacked)
     if len(batch) == 0:

@@ -3,54 +3,79 @@
 ``MultiprocessIterator`` without a converter hands out a list of
 examples, as Chainer's iterators do, while its workers still stack the
 batch in shared memory: the list is a ``StackedExamples``, each example
-made of views of the stacked rows (and its scalars as they were loaded),
-and ``concat_examples`` of it returns the stacked arrays without a copy.
+made of views of the stacked rows (each array cut to its own shape, and
+its scalars as they were loaded), and ``concat_examples`` of it returns
+the stacked arrays without a copy: without padding when the examples'
+arrays have one shape, and with ``padding=0`` (the rows' padding) too.
 
 It is a list in every other way: indexing, ``len``, iteration, equality,
 slicing (a plain list), pickling and copying (a plain list).  A change to
 the list (``batch[0] = ...``, ``append``, ``sort``...) or to a dict
-example's keys drops the stacked arrays, and ``concat_examples`` then
+example's values drops the stacked arrays, and ``concat_examples`` then
 stacks the examples as they are now.  A change inside an example's array
 is the stacked array's too (the example views it).
 """
 
+import numbers
+
 
 class StackedExamples(list):
-    """The examples of a batch (a list) and, in ``stacked``, what
-    ``concat_examples(batch)`` makes of them: views of the same memory.
-    ``structure`` is ``'tuple'``, ``'dict'`` or ``'single'``; for dict
+    """The examples of a batch (a list) and, in ``stacked``, the stacked
+    arrays they view.  ``padding``: None, or the padding of the rows (a
+    tuple, a dict or one value, as ``concat_examples`` takes it: 0 for a
+    field of arrays of several shapes, None for the others); for dict
     examples ``rows`` holds each key's values, to tell a changed
     example."""
 
-    __slots__ = ('stacked', 'structure', 'rows')
+    __slots__ = ('stacked', 'padding', 'rows')
 
-    def __init__(self, examples, stacked, structure, rows=None):
+    def __init__(self, examples, stacked, padding=None, rows=None):
         super().__init__(examples)
         self.stacked = stacked
-        self.structure = structure
+        self.padding = padding
         self.rows = rows
 
-    def stacked_as_made(self):
-        """``stacked`` while it still holds what ``concat_examples`` makes
-        of the examples; else None."""
+    def stacked_for(self, padding):
+        """What ``concat_examples(self, padding=padding)`` makes of the
+        examples, when the stacked arrays are that: the list is unchanged
+        and ``padding`` pads the padded fields as the rows are padded
+        (with 0); else None."""
         stacked = self.stacked
-        if stacked is None or self.rows is None:
-            return stacked
-        # Dict examples can change in place: their values must still be
-        # the rows they were made of.
-        for key, values in self.rows.items():
-            for example, value in zip(self, values):
-                if type(example) is not dict or len(example) != \
-                        len(self.rows) or example.get(key) is not value:
-                    self.stacked = None
-                    return None
+        if stacked is None or not _pads_alike(self.padding, padding):
+            return None
+        if self.rows is not None:
+            # Dict examples can change in place: their values must still
+            # be the rows they were made of.
+            n = len(self.rows)
+            for key, values in self.rows.items():
+                for example, value in zip(self, values):
+                    if type(example) is not dict or len(example) != n or \
+                            example.get(key) is not value:
+                        self.stacked = None
+                        return None
         return stacked
 
     def cut(self, a, b):
-        """Examples ``a...b - 1`` as a ``StackedExamples`` of their
-        rows."""
+        """Examples ``a...b - 1`` as a ``StackedExamples`` of their rows
+        (a padded field's rows cut to its longest example there, as
+        ``concat_examples`` pads them)."""
+        examples = self[a:b]
+        stacked = _rows(self.stacked, a, b)
+        padding = self.padding
+        if stacked is not None and padding is not None:
+            if type(stacked) is tuple:
+                stacked = tuple(
+                    _cut_to([e[k] for e in examples], array)
+                    if padding[k] is not None else array
+                    for k, array in enumerate(stacked))
+            elif type(stacked) is dict:
+                stacked = {key: _cut_to([e[key] for e in examples], array)
+                           if padding.get(key) is not None else array
+                           for key, array in stacked.items()}
+            else:
+                stacked = _cut_to(examples, stacked)
         return StackedExamples(
-            self[a:b], _rows(self.stacked, a, b), self.structure,
+            examples, stacked, padding,
             None if self.rows is None else
             {key: values[a:b] for key, values in self.rows.items()})
 
@@ -59,6 +84,36 @@ class StackedExamples(list):
 
     def __copy__(self):
         return list(self)
+
+
+def _pads_alike(rows, asked):
+    """Whether ``concat_examples`` with padding ``asked`` gives the rows
+    padded with ``rows``: each field the rows pad (with 0) asked to pad
+    with 0, the others asked anything (their arrays have one shape)."""
+    if rows is None:
+        return asked is None or _zero(asked)
+    if type(rows) is tuple:
+        if type(asked) is not tuple:
+            asked = (asked,) * len(rows)
+        return len(asked) == len(rows) and all(
+            r is None or _zero(a) for r, a in zip(rows, asked))
+    if type(rows) is dict:
+        if type(asked) is not dict:
+            asked = dict.fromkeys(rows, asked)
+        return all(r is None or _zero(asked.get(key))
+                   for key, r in rows.items())
+    return _zero(asked)
+
+
+def _zero(value):
+    return isinstance(value, numbers.Number) and not isinstance(
+        value, complex) and value == 0
+
+
+def _cut_to(arrays, rows):
+    """``rows`` (padded) cut to the largest shape of ``arrays``."""
+    top = [max(sizes) for sizes in zip(*(a.shape for a in arrays))]
+    return rows[(slice(None),) + tuple(slice(n) for n in top)]
 
 
 def _rows(stacked, a, b):

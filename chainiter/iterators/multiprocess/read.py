@@ -36,7 +36,8 @@ def read_batch(base, layout, chunks):
                     return stacked, None, ()
                 kinds = listed_kinds(layout, chunks)
                 if kinds is not None:
-                    return example_list(stacked, layout, kinds), None, ()
+                    return (example_list(stacked, layout, kinds, chunks),
+                            None, ())
         metas = example_specs(layout, chunks)
         # The rows come back as the values they were written from, and
         # the examples that came whole as they are: the converter makes

@@ -311,11 +311,23 @@ class SlotPool:
                 return None, None
             stacked = False
         if stacked:
+            padding = self.padding
+            if self.exact:
+                # List batches: ragged arrays padded with 0 in the rows
+                # (each example comes back cut to its shape), the fields
+                # padded so far too.
+                padding = stacked_layout.list_padding(
+                    examples, current.padding if current is not None and
+                    current.mode == 'stacked' else None)
             new = stacked_layout.stacked_layout(
-                examples, self.batch_size, self.padding)
+                examples, self.batch_size, padding)
             if current is not None and current.mode == 'stacked':
                 if new is None:
                     return None, None  # cannot be stacked: keep the buffers
+                if self.exact and new.padded != current.padded:
+                    # A field of list batches took several shapes, for
+                    # the first time: padded rows from now on.
+                    return new, None
                 how = stacked_layout.mismatch(current, new)
                 if how is not None:
                     # Switching layouts would only make the batches like

@@ -33,6 +33,7 @@ def write_stacked_columns(whole, layout, start_row, columns):
     n = len(columns)
     tops = {}
     specs = []
+    shapes = {} if layout.exact and layout.padded else None
     for i, field in enumerate(layout.fields):
         k = place.get(field.key)
         if k is None:
@@ -57,6 +58,8 @@ def write_stacked_columns(whole, layout, start_row, columns):
                 if columns.take(k, rows):
                     if padded:
                         tops[i] = field.capacity
+                        if shapes is not None:
+                            shapes[i] = [field.capacity] * n
                     specs.append(None if padded else spec)
                     continue
         one = layout._replace(structure='single', fields=(field,),
@@ -67,5 +70,7 @@ def write_stacked_columns(whole, layout, start_row, columns):
             return None
         if padded:
             tops[i] = written.tops[0]
+            if shapes is not None:
+                shapes[i] = written.shapes[0]
         specs.append(written.specs[0])
-    return Rows(n, tops, tuple(specs))
+    return Rows(n, tops, tuple(specs), shapes)

@@ -72,6 +72,38 @@ def stacked_layout(batch, batch_size, padding, capacities=None,
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
+def list_padding(batch, before=None):
+    """The padding of a layout for list batches like ``batch``
+    (``Layout.exact``): 0 for each field of arrays whose shapes differ
+    (or that ``before``, the padding of the layout so far, pads), None
+    for the others (a tuple, a dict or one value, as the examples are);
+    None when no field needs it."""
+    first = batch[0]
+    if isinstance(first, tuple):
+        keys = range(len(first))
+    elif isinstance(first, dict):
+        keys = list(first)
+    else:
+        return 0 if before == 0 or _ragged(batch) else None
+    try:
+        pads = {key: 0 if _ragged([e[key] for e in batch]) or
+                padding_of(before, key, 'tuple' if isinstance(first, tuple)
+                           else 'dict') == 0 else None
+                for key in keys}
+    except (IndexError, KeyError, TypeError):
+        return None
+    if all(pad is None for pad in pads.values()):
+        return None
+    if isinstance(first, tuple):
+        return tuple(pads[key] for key in keys)
+    return pads
+
+
+def _ragged(values):
+    return all(type(v) is numpy.ndarray for v in values) and \
+        len(set(v.shape for v in values)) > 1
+
+
 def resized(layout, batch_size):
     """``layout`` with rows for ``batch_size`` examples."""
     fields = []
@@ -300,6 +332,9 @@ class Rows(typing.NamedTuple):
     n: int
     tops: dict
     specs: tuple = None
+    # ``Layout.exact`` (list batches): per padded field, each example's
+    # shape, for the parent to cut its row to; else None.
+    shapes: dict = None
 
 
 def example_columns(layout, examples):

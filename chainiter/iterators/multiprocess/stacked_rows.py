@@ -47,6 +47,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
     padded = set(padded_fields(layout))
     tops = {}
     specs = []
+    shapes = {} if layout.exact and padded else None
     for i, (field, column) in enumerate(zip(layout.fields, columns)):
         start = field.offset + start_row * field.row_bytes
         first = column[0]
@@ -150,8 +151,12 @@ def write_stacked_chunk(whole, layout, start_row, examples):
             for row, value, length in zip(dst, column, lengths):
                 row[:length] = value
             tops[i] = (top,)
+            if shapes is not None:
+                shapes[i] = [(length,) for length in lengths]
             continue
         top = None
+        if shapes is not None:
+            shapes[i] = list(map(_shape, column))
         for row, value in enumerate(column):
             if type(value) is not numpy.ndarray or value.dtype != dtype or \
                     value.ndim != len(capacity) or any(
@@ -163,7 +168,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
             top = value.shape if top is None else tuple(
                 map(max, top, value.shape))
         tops[i] = top
-    return Rows(n, tops, tuple(specs))
+    return Rows(n, tops, tuple(specs), shapes)
 
 
 def exact_columns(columns):
@@ -221,8 +226,9 @@ def as_rows(layout, metas):
                 return metas
             spec = spec[:2] + (''.join(meta[i][2] for meta in metas),)
         specs.append(spec)
-    return Rows(len(metas), _tops(padded, [[m[i][1] for m in metas]
-                                           for i in padded]), tuple(specs))
+    shapes = {i: [m[i][1] for m in metas] for i in padded}
+    return Rows(len(metas), _tops(padded, list(shapes.values())),
+                tuple(specs), shapes if layout.exact else None)
 
 
 def _tops(indices, shape_lists):
@@ -449,7 +455,15 @@ def example_specs(layout, metas):
             if spec is None else spec
             for i, (field, spec) in enumerate(zip(layout.fields,
                                                   _specs(layout, meta))))
-        if all(len(spec[2]) == 1 for spec in specs):
+        if meta.shapes:
+            # Each example's own shape of the padded fields (list
+            # batches: each example comes back as it was).
+            out.extend((start, tuple(
+                spec[:1] + (meta.shapes[i][j],) + spec[2:]
+                if i in meta.shapes else
+                spec if len(spec[2]) == 1 else spec[:2] + (spec[2][j],)
+                for i, spec in enumerate(specs))) for j in range(meta.n))
+        elif all(len(spec[2]) == 1 for spec in specs):
             out.extend([(start, specs)] * meta.n)
         else:       # values of several kinds: each example its own
             out.extend((start, tuple(
@@ -580,7 +594,9 @@ def listed_kinds(layout, chunks):
     kinds = None
     for chunk in chunks:
         specs = _specs(layout, chunk)
-        these = tuple(None if spec is None else spec[2] for spec in specs)
+        if specs and (chunk.shapes or {}).keys() != set(layout.padded):
+            return None
+        these = tuple(ARRAY if spec is None else spec[2] for spec in specs)
         if None in these or any(len(k) != 1 for k in these) or \
                 kinds is not None and these != kinds:
             return None
@@ -588,27 +604,37 @@ def listed_kinds(layout, chunks):
     return kinds
 
 
-def example_list(stacked, layout, kinds):
+def example_list(stacked, layout, kinds, chunks):
     """The examples of the stacked batch ``stacked`` (read with
-    ``Layout.exact``) as they were loaded, a ``StackedExamples``: each
-    array a view of its row, each scalar of its type again."""
+    ``Layout.exact`` from ``chunks``, all ``Rows``) as they were loaded,
+    a ``StackedExamples``: each array a view of its row (cut to its
+    shape, in a padded field), each scalar of its type again."""
     values = list(stacked) if layout.structure == 'tuple' else \
         [stacked[f.key] for f in layout.fields] \
         if layout.structure == 'dict' else [stacked]
     columns = []
-    for value, kind in zip(values, kinds):
-        if kind == PYTHON_SCALAR:
+    for i, (value, kind) in enumerate(zip(values, kinds)):
+        if i in layout.padded:
+            shapes = [shape for chunk in chunks for shape in chunk.shapes[i]]
+            if len(value.shape) == 2:
+                columns.append([row[:shape[0]] for row, shape in
+                                zip(value, shapes)])
+            else:
+                columns.append([row[tuple(map(slice, shape))] for row, shape
+                                in zip(value, shapes)])
+        elif kind == PYTHON_SCALAR:
             columns.append(value.tolist())
         elif kind == ARRAY and value.ndim == 1:
             # 0-d arrays: iterating would give numpy scalars.
             columns.append([value[i, ...] for i in range(len(value))])
         else:
             columns.append(list(value))
+    padding = layout.padding if layout.padded else None
     if layout.structure == 'tuple':
-        return StackedExamples(zip(*columns), stacked, 'tuple')
+        return StackedExamples(zip(*columns), stacked, padding)
     if layout.structure == 'dict':
         keys = [f.key for f in layout.fields]
         return StackedExamples(
             [dict(zip(keys, example)) for example in zip(*columns)],
-            stacked, 'dict', dict(zip(keys, columns)))
-    return StackedExamples(columns[0], stacked, 'single')
+            stacked, padding, dict(zip(keys, columns)))
+    return StackedExamples(columns[0], stacked, padding)
