@@ -96,23 +96,24 @@ def _serial(dataset, n, **kwargs):
 @pytest.mark.parametrize('kind', KINDS)
 def test_list_batches_are_the_serial_ones(method, kind):
     dataset = Kinds(kind)
-    expected = _serial(dataset, 70)
+    expected = _serial(dataset, 30)
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
                               seed=3, start_method=method) as it:
-        got = [fingerprint(list(next(it))) for _ in range(70)]
+        got = [fingerprint(list(next(it))) for _ in range(30)]
     assert got == expected
 
 
 @pytest.mark.parametrize('arguments', [
-    {}, {'n_prefetch': 8}, {'shared_mem': 64}, {'maxtasksperchild': 4}])
+    {}, {'n_prefetch': 8, 'shared_mem': 64, 'maxtasksperchild': 4}],
+    ids=['defaults', 'all'])
 def test_list_batches_are_stacked_by_the_workers(method, arguments):
     dataset = Kinds('tuple')
-    expected = _serial(dataset, 60)
+    expected = _serial(dataset, 40)
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
                               seed=3, start_method=method,
                               **arguments) as it:
         got, groups = [], []
-        for i in range(60):
+        for i in range(40):
             batch = next(it)
             # (The first batch comes by copy: it sizes the buffers.)
             assert i == 0 or type(batch) is StackedExamples

@@ -17,6 +17,9 @@ is the stacked array's too (the example views it).
 """
 
 import numbers
+import operator
+
+_shape = operator.attrgetter('shape')
 
 
 class StackedExamples(list):
@@ -112,8 +115,10 @@ def _zero(value):
 
 def _cut_to(arrays, rows):
     """``rows`` (padded) cut to the largest shape of ``arrays``."""
-    top = [max(sizes) for sizes in zip(*(a.shape for a in arrays))]
-    return rows[(slice(None),) + tuple(slice(n) for n in top)]
+    if rows.ndim == 2:      # sequences: the common case
+        return rows[:, :max(map(len, arrays))]
+    top = map(max, zip(*map(_shape, arrays)))
+    return rows[(slice(None),) + tuple(map(slice, top))]
 
 
 def _rows(stacked, a, b):
