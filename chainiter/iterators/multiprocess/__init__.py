@@ -81,7 +81,9 @@ One file, one idea:
   ``room.py``: whether the process's limits leave room for one more;
   ``shm.py``: one shared buffer (``shm_files.py``: its
   file, and the room for it); ``layout.py``, ``list_layout.py``,
-  ``stacked_layout.py``, ``stacked_rows.py``, ``stacked_columns.py``,
+  ``stacked_layout.py``, ``stacked_rows.py`` (a chunk's rows at once),
+  ``example_rows.py`` (one example at a time), ``stacked_columns.py``,
+  ``stacked_read.py``, ``exact_rows.py`` (list batches' examples),
   ``read.py``: where the arrays of a batch go in a slot, and how they are
   read back.
 

@@ -42,7 +42,7 @@ import weakref
 import numpy
 
 from chainiter.iterators.multiprocess import (
-    list_layout, stacked_layout, stacked_rows)
+    exact_rows, list_layout, stacked_layout)
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.room import check_room
 from chainiter.iterators.multiprocess.shm import SharedBuffer
@@ -303,7 +303,7 @@ class SlotPool:
         new = None
         stacked = self.stacked
         if stacked and self.exact and \
-                not stacked_rows.exact_examples(examples):
+                not exact_rows.exact_examples(examples):
             # A list batch whose examples would not come back from rows
             # as they were: the list layout, or the buffers as they are
             # (such examples come whole).
