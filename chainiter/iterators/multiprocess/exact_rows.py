@@ -9,7 +9,7 @@ import numpy
 
 from chainiter.dataset.stacked_examples import StackedExamples
 
-from chainiter.iterators.multiprocess.stacked_layout import (
+from chainiter.iterators.multiprocess.row_values import (
     ARRAY, PYTHON_SCALAR)
 from chainiter.iterators.multiprocess.stacked_read import rows_specs
 

@@ -7,9 +7,11 @@ import numpy
 
 from chainiter.iterators.multiprocess.exact_rows import exact_columns
 from chainiter.iterators.multiprocess.layout import Whole
+from chainiter.iterators.multiprocess.row_values import (
+    ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, kind_of, native_dtype, row_spec,
+    spec_bytes)
 from chainiter.iterators.multiprocess.stacked_layout import (
-    ARRAY, NUMPY_SCALAR, PYTHON_SCALAR, Rows, field_padding, kind_of,
-    native_dtype, padded_fields, row_spec, spec_bytes)
+    Rows, field_padding, padded_fields)
 from chainiter.iterators.multiprocess.stacked_read import largest_shapes
 
 # The dtypes numpy makes of a Python float and bool.

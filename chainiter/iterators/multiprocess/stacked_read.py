@@ -7,9 +7,10 @@ the rows."""
 import numpy
 
 from chainiter.iterators.multiprocess.layout import Whole
+from chainiter.iterators.multiprocess.row_values import (
+    ARRAY, NUMPY_SCALAR, pads, restored, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_layout import (
-    ARRAY, NUMPY_SCALAR, Rows, field_padding, padded_fields, pads, restored,
-    spec_bytes)
+    Rows, field_padding, padded_fields)
 
 # The kinds of value that have a shape.
 _ANY_SHAPE = frozenset((ARRAY, NUMPY_SCALAR))

@@ -11,9 +11,10 @@ import operator
 import numpy
 
 from chainiter.iterators.multiprocess.exact_rows import exact_columns
+from chainiter.iterators.multiprocess.row_values import (
+    kind_of, native_dtype, row_spec, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_layout import (
-    Rows, example_columns, field_padding, kind_of, native_dtype,
-    padded_fields, row_spec, spec_bytes)
+    Rows, example_columns, field_padding, padded_fields)
 
 _ndim = operator.attrgetter('ndim')
 _dtype = operator.attrgetter('dtype')
