@@ -25,7 +25,7 @@ _MODULE = 'chainer.dataset.iterator'
 
 def _adopt(module):
     base = getattr(module, 'Iterator', None)
-    from chainiter.iterators._base import Iterator
+    from chainiter.iterators._protocol import Iterator
     if not isinstance(base, type) or issubclass(Iterator, base):
         return
     Iterator.__bases__ = (base,)

@@ -1,7 +1,7 @@
 """Stacked layouts that adapt to batches of other shapes and dtypes,
 driven without any process: what the buffers become (``SlotPool.fit``),
-what a worker writes (``stacked_rows``) and what the parent reads back
-(``read.read_batch``), in a plain byte array."""
+what a worker writes (``stacked_rows``, ``example_rows``) and what the
+parent reads back (``read.read_batch``), in a plain byte array."""
 
 import functools
 
@@ -12,8 +12,9 @@ from chainiter import concat_examples
 from chainiter.iterators.multiprocess import read, stacked_layout
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
-from chainiter.iterators.multiprocess.stacked_rows import (
-    ExampleRows, as_rows, write_stacked_chunk, write_stacked_example)
+from chainiter.iterators.multiprocess.example_rows import (
+    ExampleRows, as_rows, write_stacked_example)
+from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
 
 import helpers
 

@@ -241,9 +241,9 @@ def test_check_picklable_copies_no_array():
     array_pickle.Pickler(out, {}, 0).dump([numpy.zeros(2 ** 21)])
     assert len(out.getvalue()) < 1000
     # Arrays under the threshold are pickled (written without a copy).
-    share.check_picklable([numpy.zeros(2 ** 16), numpy.zeros(2 ** 21)])
+    array_pickle.check_picklable([numpy.zeros(2 ** 16), numpy.zeros(2 ** 21)])
     with pytest.raises(TypeError):
-        share.check_picklable(helpers.Unpicklable())
+        array_pickle.check_picklable(helpers.Unpicklable())
 
 
 def _big_array_in(function):

@@ -1,6 +1,6 @@
 """Iterators over datasets (Chainer's ``chainer.iterators``)."""
 
-from chainiter.iterators._base import Iterator  # NOQA
+from chainiter.iterators._protocol import Iterator  # NOQA
 from chainiter.iterators.multithread_iterator import MultithreadIterator  # NOQA
 from chainiter.iterators.order_samplers import (  # NOQA
     OrderSampler, ShuffleOrderSampler)

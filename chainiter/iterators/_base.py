@@ -63,8 +63,7 @@ from chainiter.iterators import (
     order_samplers,
 )
 from chainiter.iterators._pending import Failed, PendingBatches
-# Iterator is imported from here by iterators/__init__.py, dataset/,
-# device_prefetcher.py and _chainer_compat.py.
+# Iterator is imported from here by dataset/__init__.py.
 from chainiter.iterators._protocol import Iterator
 
 #: Seeded orders kept: a batch loaded again after an interrupt or a

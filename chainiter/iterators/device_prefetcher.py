@@ -10,7 +10,7 @@ from chainiter.backends._device import TorchDevice, parse_device
 from chainiter.dataset.async_transfer import transfer_for
 from chainiter.dataset.convert import concat_examples, to_device
 from chainiter.iterators import _snapshot
-from chainiter.iterators._base import Iterator
+from chainiter.iterators._protocol import Iterator
 from chainiter.iterators._loop import EpochView
 
 _ATTRIBUTES = ('epoch', 'current_position', 'is_new_epoch', 'epoch_detail',

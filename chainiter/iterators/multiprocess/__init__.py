@@ -42,7 +42,8 @@ waiting.
 One file, one idea:
 
 - ``iterator.py``: the iterator; turns steps into batches and back (the
-  wiring).  ``options.py``: its arguments, read once; ``transport.py``:
+  wiring).  ``iterator_stats.py``: what ``stats`` and ``diagnose`` read
+  of it.  ``options.py``: its arguments, read once; ``transport.py``:
   its transport state, in one object; ``reading.py``: waiting for a batch
   and reading it; ``groups.py`` and ``group_flow.py``: groups of small
   batches (their mechanics, and the iterator's steps with them).  The
@@ -54,7 +55,8 @@ One file, one idea:
 - ``pool.py``: the worker processes, the book, the slots and the receiver,
   under one lock; what the main thread calls.  ``pool_ready.py``: its
   ready queue (``take``, batches read ahead); ``pool_workers.py``, under
-  the lock: its workers (starts, tasks sent, results, exits).
+  the lock: its workers (starts, tasks sent, results, exits);
+  ``pool_close.py``: its ``close``.
 - ``book.py``: pure bookkeeping (batches, chunks, generations, which worker
   holds which task, what a death means).
 - ``receiver.py``: the only thread that reads from the workers; it also
@@ -66,7 +68,9 @@ One file, one idea:
   their framing; ``remote.py``: a worker's exception, raised again here.
 - ``launch.py``: starting workers (under fork: from a launcher process that
   has no threads) and learning when they exit.
-- ``worker.py``: the worker process; ``sinks.py``: where it puts examples;
+- ``worker.py``: the worker process (``worker_process.py``: its parent
+  watched, its scheduling, its global RNGs); ``sinks.py``: where it puts
+  examples;
   ``converted.py``: a converter run in the workers.
 - ``share.py``: under spawn and forkserver, the dataset's large arrays
   travel to the workers as a read-only shared copy (the main process's
@@ -77,11 +81,15 @@ One file, one idea:
   shared memory from the start; ``by_value.py``: what
   the workers cannot import (a notebook's classes, lambdas) goes by value,
   through cloudpickle (the one module that imports it).
-- ``slots.py``: the shared-memory slots, their leases and layouts;
+- ``slots.py``: the shared-memory slots, their leases and layouts
+  (``slot_state.py``: a slot, and whether it is free to reuse);
   ``room.py``: whether the process's limits leave room for one more;
   ``shm.py``: one shared buffer (``shm_files.py``: its
   file, and the room for it); ``layout.py``, ``list_layout.py``,
-  ``stacked_layout.py``, ``stacked_rows.py``, ``stacked_columns.py``,
+  ``stacked_layout.py``, ``row_values.py`` (what a row was written
+  from), ``stacked_rows.py`` (a chunk's rows at once),
+  ``example_rows.py`` (one example at a time), ``stacked_columns.py``,
+  ``stacked_read.py``, ``exact_rows.py`` (list batches' examples),
   ``read.py``: where the arrays of a batch go in a slot, and how they are
   read back.
 
@@ -124,7 +132,7 @@ lock (the GIL makes those atomic); the table says where that is the rule.
 | buffers, slots,       | (a posted group) |               |                  |
 | allocation            |                  |               |                  |
 +-----------------------+------------------+---------------+------------------+
-| ``Slot.owner``        | main             | both; main    | none: ``_idle``  |
+| ``Slot.owner``        | main             | both; main    | none: ``idle``   |
 | cleared by            |                  |               | reads the owner  |
 | ``hand_over``;        |                  |               | once             |
 | ``Slot.kept``;        |                  |               |                  |

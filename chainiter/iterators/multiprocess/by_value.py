@@ -10,12 +10,13 @@ the worker imports it.  That fails for
 - lambdas, closures and classes defined inside a function
   (``<lambda>``, ``<locals>`` in the name).
 
-``wanted(obj)`` tells these apart; the pickler of ``share.py`` hands them
-to cloudpickle, which pickles them by value (their code, and the globals
-they use).  This is the only module that imports cloudpickle, and only when
-such an object is met: numpy stays the only dependency, and a dataset that
-needs cloudpickle where it is missing is ``Missing`` (the iterator says
-``pip install cloudpickle`` before any worker starts).
+``wanted(obj)`` tells these apart; the pickler of ``array_pickle.py``
+hands them to cloudpickle, which pickles them by value (their code, and
+the globals they use).  This is the only module that imports
+cloudpickle, and only when such an object is met: numpy stays the only
+dependency, and a dataset that needs cloudpickle where it is missing is
+``Missing`` (the iterator says ``pip install cloudpickle`` before any
+worker starts).
 
 A class or function of ``__main__`` sent by value is also set as an
 attribute of the worker's ``__main__`` (when that name is free), so that

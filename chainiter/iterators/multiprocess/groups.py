@@ -9,7 +9,7 @@ import typing
 
 from chainiter.dataset.stacked_examples import StackedExamples
 from chainiter.iterators._state import Step
-from chainiter.iterators.multiprocess import stacked_rows
+from chainiter.iterators.multiprocess import stacked_read
 from chainiter.iterators.multiprocess.reading import metas
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 
@@ -58,7 +58,7 @@ class Group:
         if self.stacked is not None:
             batch = rows(self.stacked, a, b)
             if self.tops is not None:
-                batch = stacked_rows.cut_to(batch, self.layout,
+                batch = stacked_read.cut_to(batch, self.layout,
                                             self.tops[index])
             if last:
                 self.stacked = None
@@ -97,7 +97,7 @@ def batch_tops(buffers, parts, bounds):
     for part in parts:
         tops[bisect.bisect_right(bounds, row) - 1].append(part)
         row += part.n
-    return [stacked_rows.tops_of(layout, batch) for batch in tops]
+    return [stacked_read.tops_of(layout, batch) for batch in tops]
 
 
 def rows(stacked, a, b):

@@ -6,7 +6,6 @@ draws the data flow.
 """
 
 import os
-import time
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from chainiter._cpus import usable_cpus
@@ -14,18 +13,18 @@ from chainiter._interrupts import uninterrupted
 from chainiter.errors import TimeoutWarning
 from chainiter.iterators import order_samplers
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators._pending import Failed
 from chainiter.iterators.multiprocess import group_flow, reading
-from chainiter.iterators.multiprocess import depth as _depth, worker_stats
+from chainiter.iterators.multiprocess import depth as _depth
 from chainiter.iterators.multiprocess import options as _options
 from chainiter.iterators.multiprocess.fitting import Fitting
 from chainiter.iterators.multiprocess.groups import Member
 from chainiter.iterators.multiprocess.grouping import Grouping
+from chainiter.iterators.multiprocess.iterator_stats import IteratorStats
 from chainiter.iterators.multiprocess.transport import Transport
 from chainiter.iterators.multiprocess.room import descriptor_room
 
 
-class MultiprocessIterator(DatasetIterator):
+class MultiprocessIterator(IteratorStats, DatasetIterator):
     """Loads examples in worker processes, through shared memory.
 
     Args:
@@ -168,38 +167,11 @@ class MultiprocessIterator(DatasetIterator):
 
     @property
     def stats(self) -> Dict[str, Any]:
-        stats = super().stats
-        stats['by_copy'] = self._t.by_copy
-        stats['prefetch'] = self._t.depth
-        stats['batches_per_task'] = self._t.groups.size
-        pool = self._t.pool
-        stats['workers_active'] = self._options.n_processes \
-            if pool is None else pool.book.active
-        since = self._timing.since
-        stats['worker_busy'], stats['worker_cpu_wait'] = \
-            worker_stats.worker_busy(
-                pool, self._t.busy_mark,
-                None if since is None else time.perf_counter() - since,
-                stats['workers_active'])
-        return stats
+        return self._transport_stats(super().stats)
 
     def reset_stats(self) -> None:
         self._t.by_copy = 0
         super().reset_stats()
-
-    def _ready_batches(self):
-        """The batches of the finished jobs that wait in the pool (a batch,
-        or a group), and of the group taken ahead.  The pool hands jobs
-        out in the order they were sent: the first ``n_ready()`` sent and
-        not collected, a group counted once, as many batches as it has."""
-        if self._t.pool is None:
-            return 0
-        return self._t.groups.ready(
-            [None if isinstance(handle, Failed) else handle
-             for _, handle in list(self._pending)], self._t.pool.n_ready())
-
-    def _stats_window_started(self):
-        self._t.busy_mark = worker_stats.window_mark(self._t.pool)
 
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
@@ -223,23 +195,8 @@ class MultiprocessIterator(DatasetIterator):
             self.GROUP_AFTER, self.REGROUP_AFTER))
 
     @property
-    def _pool(self):
-        """The Pool: None until started, and once finalized."""
-        return self._t.pool
-
-    @property
     def _prefetch_depth(self):
         return self._t.depth
-
-    # What ``diagnose`` (``_stats.py``) asks: whether the converter runs
-    # in the main process.
-    @property
-    def _stacked(self):
-        return self._options.stacked
-
-    @property
-    def _in_workers(self):
-        return self._options.in_workers
 
     def _start_pool(self):
         self._t.start_pool(self, self._options, self._worker_seed)

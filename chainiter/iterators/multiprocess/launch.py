@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 
-from chainiter.iterators.multiprocess import worker as _worker
+from chainiter.iterators.multiprocess import worker as _worker, worker_process
 
 _JOIN_TIMEOUT_S = 1.0     # then terminate, then kill
 
@@ -249,16 +249,16 @@ def _launcher_main(control, pool_args, parent_pid, by_main_thread):
     """The helper: fork a worker for each request, report every exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # No thread: it forks, and a fork must find it single-threaded.
-    _worker.watch_parent(parent_pid, by_main_thread, thread=False)
+    worker_process.watch_parent(parent_pid, by_main_thread, thread=False)
     # Its workers are daemonic processes of its own, which multiprocessing
     # refuses to a daemonic process; it ends them itself.
     multiprocessing.current_process()._config['daemon'] = False
     ctx = multiprocessing.get_context('fork')
     running = {}       # sentinel -> (key, Process)
     pending = b''
-    while _worker.alive(parent_pid):
+    while worker_process.alive(parent_pid):
         ready = multiprocessing.connection.wait(
-            [control] + list(running), _worker.PARENT_CHECK_S)
+            [control] + list(running), worker_process.PARENT_CHECK_S)
         for sentinel in ready:
             if sentinel in running:
                 key, process = running.pop(sentinel)

@@ -1,8 +1,9 @@
 """Where the arrays of a batch go in a shared-memory slot: the types.
 
 ``list_layout.py`` and ``stacked_layout.py`` build and fill the two
-layouts, ``stacked_rows.py`` writes and reads stacked rows, and
-``read.py`` reads a whole batch back.
+layouts, ``stacked_rows.py`` and ``example_rows.py`` write stacked rows,
+``stacked_read.py`` reads them back (``exact_rows.py``: list batches'
+examples), and ``read.py`` reads a whole batch back.
 
 Two layouts, both measured from the first batch:
 
@@ -69,6 +70,6 @@ class Layout(typing.NamedTuple):
     # example must come back as it was loaded, its types and all, so that
     # only those of tuples, dicts, arrays of native byte order, numpy
     # scalars and Python bools, ints, floats and complex numbers go into
-    # rows (``stacked_rows.exact_columns``); any other comes whole.
+    # rows (``exact_rows.exact_columns``); any other comes whole.
     exact: bool = False
 

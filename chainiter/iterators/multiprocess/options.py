@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from chainiter.dataset.convert import concat_examples
 from chainiter.iterators import _args
-from chainiter.iterators.multiprocess import by_value, launch, share
+from chainiter.iterators.multiprocess import array_pickle, by_value, launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def stacking_padding(converter):
 def check_picklable(obj, what, method):
     try:
         # As the workers get it, large arrays left out: no copy of them.
-        share.check_picklable(obj)
+        array_pickle.check_picklable(obj)
     except RuntimeError:
         # Locks, events and queues of multiprocessing pickle only while a
         # process starts; they reach the workers then.

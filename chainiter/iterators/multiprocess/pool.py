@@ -11,11 +11,12 @@ launcher (``launch.py``): at construction, then only from the receiver
 thread, so that an interrupt in the main thread never cuts a start
 short.
 
-``Pool`` is in three files: here its construction, what the main thread
-calls (``submit``, ``post``, ``wait``, ``hand_out``, ...) and ``close``;
-in ``pool_ready.py`` the ready queue (``take``, the batches read ahead);
-in ``pool_workers.py``, all under the lock, its workers (starting them,
-a batch cut into tasks and sent, their results and exits).  Which
+``Pool`` is in four files: here its construction and what the main
+thread calls (``submit``, ``post``, ``wait``, ``hand_out``, ...); in
+``pool_ready.py`` the ready queue (``take``, the batches read ahead); in
+``pool_workers.py``, all under the lock, its workers (starting them, a
+batch cut into tasks and sent, their results and exits); in
+``pool_close.py`` ``close``.  Which
 thread writes and reads what, under which lock: the table under
 "Threads" in ``__init__.py``.  Each method says which thread calls it;
 "under the lock": its caller holds ``self.lock``.
@@ -35,20 +36,19 @@ from chainiter.iterators.multiprocess import forks, receiver, share
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
+from chainiter.iterators.multiprocess.pool_close import CLOSED, PoolClose
 from chainiter.iterators.multiprocess.pool_ready import ReadyBatches
 from chainiter.iterators.multiprocess.pool_workers import PoolWorkers
-
-# Put in the ready queue by close(): wakes a next() waiting in another thread.
-_CLOSED = object()
 
 # ``ready.get``'s first argument: block.
 _BLOCK = (True,)
 
 
-class Pool(PoolWorkers, ReadyBatches):
+class Pool(PoolWorkers, ReadyBatches, PoolClose):
     """It holds no reference to the iterator, so that garbage collection of
     the iterator finalizes the pool.  Its workers' side is in
-    ``pool_workers.py``, its ready queue's in ``pool_ready.py``."""
+    ``pool_workers.py``, its ready queue's in ``pool_ready.py``, its
+    ``close`` in ``pool_close.py``."""
 
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_jobs_ahead, slots, split=True, cpus=None):
@@ -203,15 +203,15 @@ class Pool(PoolWorkers, ReadyBatches):
                         'waiting'.format(timeout), TimeoutWarning,
                         stacklevel=4)
                 if self.closed:
-                    batch = _CLOSED
+                    batch = CLOSED
                 elif not self.receiver.is_alive():
                     raise ChainiterError(
                         'the receiver thread of MultiprocessIterator died'
                     ) from None
                 else:
                     continue
-            if batch is _CLOSED or self.closed:
-                self.ready.put(_CLOSED)    # for any other waiter
+            if batch is CLOSED or self.closed:
+                self.ready.put(CLOSED)    # for any other waiter
                 raise IteratorFinalizedError(
                     'MultiprocessIterator was finalized while next() waited '
                     'for a batch')
@@ -274,46 +274,3 @@ class Pool(PoolWorkers, ReadyBatches):
         that the batches made ready together see one setting."""
         with self.lock:
             self.read_ahead = on
-
-    # ---- shutdown ----------------------------------------------------------
-
-    def close(self):
-        """End the workers and the receiver thread and unmap the slots
-        (any thread: the main thread, or the one where a finalizer runs;
-        it stops the receiver thread before it touches what that
-        thread uses)."""
-        if self.closed or os.getpid() != self.owner:
-            # A forked child's copy: the workers and buffers are the
-            # parent's, and its threads and locks are not usable here.
-            return
-        # All of it or nothing: a Ctrl-C (or a handler that raises) in the
-        # middle would leave workers, threads and slots that nothing ends
-        # later (the finalizer has run); it is raised once all is closed.
-        with uninterrupted():
-            self.closed = True
-            self.ready.put(_CLOSED)
-            if self.receiver.is_alive():
-                self.receiver.stop()
-            # Batches read ahead view their slots: drop them, so that the
-            # slots are unmapped now (and _CLOSED goes back for any waiter).
-            self._box.clear()
-            while True:
-                try:
-                    self.ready.get_nowait()
-                except queue.Empty:
-                    break
-            self.ready.put(_CLOSED)
-            for worker in self.gone:
-                worker.close()
-            for worker in list(self.workers.values()):
-                # Without waiting: a worker whose socket is full (it may be
-                # blocked writing a result no one reads now) is stopped by
-                # the launcher instead.
-                worker.outbox.put_object(None)   # exit after the task at hand
-                worker.close()
-            self.workers = {}
-            self.launcher.close()
-            self.receiver.close()
-            self.slots.release()
-            if self.shared_arrays is not None:
-                self.shared_arrays.release()

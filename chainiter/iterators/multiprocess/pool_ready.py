@@ -73,8 +73,8 @@ class ReadyBatches:
     def _drop_ready(self):
         """Drop the finished batches waiting for ``wait`` (all of earlier
         generations now): those read ahead hold their slots while they
-        are referenced.  What else waits there (an error, ``pool._CLOSED``)
-        stays.  (Main thread, under the lock.)"""
+        are referenced.  What else waits there (an error,
+        ``pool_close.CLOSED``) stays.  (Main thread, under the lock.)"""
         kept = [item for item in self._box if type(item) is not Batch]
         self._box.clear()
         while True:

@@ -5,10 +5,11 @@ import typing
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.list_layout import (
     UniformRows, read_list_chunk, read_list_example)
+from chainiter.iterators.multiprocess.exact_rows import (
+    example_list, listed_kinds)
 from chainiter.iterators.multiprocess.stacked_layout import Rows
-from chainiter.iterators.multiprocess.stacked_rows import (
-    example_list, example_specs, listed_kinds, one_array, read_example,
-    read_stacked, tops_of)
+from chainiter.iterators.multiprocess.stacked_read import (
+    example_specs, one_array, read_example, read_stacked, tops_of)
 
 
 class _AsIs(typing.NamedTuple):

@@ -87,11 +87,8 @@ from multiprocessing import reduction
 import numpy
 
 from chainiter._interrupts import uninterrupted
-from chainiter.iterators.multiprocess.array_pickle import (  # noqa: F401
-    Unpickler, check_picklable, dump)
+from chainiter.iterators.multiprocess.array_pickle import Unpickler, dump
 from chainiter.iterators.multiprocess.array_places import Place, view
-from chainiter.iterators.multiprocess.shared_arrays import (  # noqa: F401
-    shared_copy, shared_empty)
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
 #: When the arrays copied into one pool's blocks pass this many bytes, the

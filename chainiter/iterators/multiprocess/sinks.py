@@ -7,8 +7,8 @@ batch method, all at once (``extend``); a stacked sink writes the columns
 of ``TupleDataset``/``DictDataset.get_examples`` straight into its rows."""
 
 from chainiter.iterators.multiprocess import (
-    layout as _layout, list_layout, stacked_columns, stacked_layout,
-    stacked_rows)
+    example_rows, layout as _layout, list_layout, stacked_columns,
+    stacked_layout, stacked_rows)
 
 # Examples of at least this many bytes are written into shared memory as
 # soon as each is loaded: its memory is then freed and reused by the next,
@@ -76,7 +76,7 @@ class _StackedSink(_TakesColumns, _EachSink):
 
     def __init__(self, whole, layout, row):
         super().__init__(whole, layout, row)
-        self.examples = stacked_rows.ExampleRows(whole, layout, row)
+        self.examples = example_rows.ExampleRows(whole, layout, row)
 
     def write(self, example):
         return self.examples.write(self.row, example)
@@ -84,7 +84,7 @@ class _StackedSink(_TakesColumns, _EachSink):
     def result(self):
         if self.rows is not None:
             return self.rows
-        return stacked_rows.as_rows(self.layout, self.metas)
+        return example_rows.as_rows(self.layout, self.metas)
 
 
 class _ChunkSink(list):

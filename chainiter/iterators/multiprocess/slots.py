@@ -36,87 +36,20 @@ under the lock in the thread that forked.
 
 import ctypes
 import errno
-import sys
 import weakref
 
-import numpy
-
 from chainiter.iterators.multiprocess import (
-    list_layout, stacked_layout, stacked_rows)
+    exact_rows, list_layout, stacked_layout)
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.room import check_room
 from chainiter.iterators.multiprocess.shm import SharedBuffer
+from chainiter.iterators.multiprocess.slot_state import (
+    Buffers, Slot, idle, kept_only)
 
 GROWTH = 1.25                 # buffers grow at least by this factor
 
 # Running out of these degrades to copies; other errors propagate.
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
-
-
-class Slot:
-    __slots__ = ('exporter', 'index', 'kept', 'owner', 'shared')
-
-    def __init__(self, index):
-        self.index = index
-        self.shared = None     # its SharedBuffer, once it is first needed
-        self.owner = None      # (generation, seq) of the batch it is for
-        self.exporter = None   # weak reference to the hand-out's exporter
-        self.kept = None       # weak reference to what ``keep`` was given
-
-
-class Buffers:
-    """The slots of one layout."""
-
-    def __init__(self, buffer_id, layout, n_slots):
-        self.id = buffer_id
-        self.layout = layout
-        self.slots = [Slot(i) for i in range(n_slots)]
-        self.cannot_allocate = False
-        self.next = 0    # slots are freed about in turn: look here first
-
-    def allocated(self):
-        return [slot for slot in self.slots if slot.shared is not None]
-
-
-def _kept_only(slot, exporter):
-    """Whether the arrays that the iterator keeps (``keep``) are all that
-    view ``exporter``, the slot's hand-out: no array of the user's does.
-    Each array read from a slot, and each view of one (numpy makes its
-    base the first array that owns no data of its own), has for base the
-    one uint8 array of the exporter's bytes: references to that, beyond
-    the kept arrays', are arrays held elsewhere (or views of them)."""
-    holder = slot.kept() if slot.kept is not None else None
-    stacked = None if holder is None else holder.stacked
-    if type(stacked) is dict:
-        arrays = list(stacked.values())
-    elif type(stacked) is tuple:
-        arrays = list(stacked)
-    elif type(stacked) is numpy.ndarray:
-        arrays = [stacked]
-    else:
-        return False
-    base = arrays[0].base
-    if type(base) is not numpy.ndarray or base.base is not exporter or \
-            any(type(a) is not numpy.ndarray or a.base is not base
-                for a in arrays):
-        return False
-    # An object with the references ``base`` has when nothing else holds
-    # it (one from each kept array, one from this frame), counted the
-    # same way on every Python version.
-    probe = object()
-    probes = [probe] * len(arrays)
-    counts = sys.getrefcount(base), sys.getrefcount(probe)
-    del probes
-    return counts[0] == counts[1]
-
-
-def _idle(slot, generation):
-    """No batch in flight of ``generation`` is the slot's and no array
-    handed out views it (``owner`` read once: ``hand_over`` clears it
-    without the lock)."""
-    owner = slot.owner
-    return (owner is None or owner[0] != generation) and \
-        (slot.exporter is None or slot.exporter() is None)
 
 
 class SlotPool:
@@ -155,7 +88,7 @@ class SlotPool:
         in_use = None
         for k in range(buffers.next, buffers.next + len(slots)):
             slot = slots[k % len(slots)]
-            if slot.shared is not None and _idle(slot, generation):
+            if slot.shared is not None and idle(slot, generation):
                 if in_use is None:
                     in_use = busy(buffers.id)
                 if slot.index in in_use:
@@ -190,7 +123,7 @@ class SlotPool:
             if buffers.id >= 0:
                 in_use = busy(buffers.id)
                 for slot in buffers.allocated():
-                    if _idle(slot, generation) and \
+                    if idle(slot, generation) and \
                             slot.index not in in_use:
                         with uninterrupted():
                             slot.shared.release()
@@ -230,7 +163,7 @@ class SlotPool:
             exporter = None if slot.exporter is None else slot.exporter()
             if slot.shared is not None and slot.owner is None and \
                     exporter is not None and \
-                    not _kept_only(slot, exporter):
+                    not kept_only(slot, exporter):
                 retired.append(slot.shared)
                 slot.shared = slot.exporter = slot.owner = None
         if retired:
@@ -271,7 +204,7 @@ class SlotPool:
     @staticmethod
     def hand_over(slot):
         """The batch in ``slot``, its exporter in it (``view``), is handed
-        out.  Without the lock: ``_idle`` reads the owner once, and the
+        out.  Without the lock: ``idle`` reads the owner once, and the
         exporter, there first, keeps the slot busy."""
         slot.owner = None
 
@@ -303,7 +236,7 @@ class SlotPool:
         new = None
         stacked = self.stacked
         if stacked and self.exact and \
-                not stacked_rows.exact_examples(examples):
+                not exact_rows.exact_examples(examples):
             # A list batch whose examples would not come back from rows
             # as they were: the list layout, or the buffers as they are
             # (such examples come whole).

@@ -13,8 +13,10 @@ writes the examples one by one (nothing is ever cut).
 """
 
 from chainiter.datasets._columns import Columns
+from chainiter.iterators.multiprocess.row_values import (
+    ARRAY, NUMPY_SCALAR, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_layout import (
-    ARRAY, NUMPY_SCALAR, Rows, field_padding, spec_bytes)
+    Rows, field_padding)
 from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
 
 
