@@ -16,7 +16,8 @@ import numpy
 
 import chainiter
 from chainiter.backends import cuda
-from chainiter.dataset.async_transfer import AsyncTransfer, shared_region
+from chainiter.dataset._pinning import shared_region
+from chainiter.dataset.async_transfer import AsyncTransfer
 
 
 class _Images:

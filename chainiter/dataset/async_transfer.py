@@ -35,9 +35,8 @@ import numpy
 from chainiter.backends import cuda
 from chainiter.backends import torch as torch_backend
 from chainiter.backends._device import TorchDevice, parse_device
-# shared_region is imported from here by chainiter/bench/h2d.py;
 # STAGING_BUFFERS stays readable here, where it was.
-from chainiter.dataset._pinning import pin, shared_region  # noqa: F401
+from chainiter.dataset._pinning import pin
 from chainiter.dataset._staging import (  # noqa: F401
     STAGING_BUFFERS, Staging)
 from chainiter.dataset.convert import Converter, concat_examples, to_device

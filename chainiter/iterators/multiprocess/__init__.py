@@ -141,6 +141,10 @@ lock (the GIL makes those atomic); the table says where that is the rule.
 | ``pool.read_ahead``   | main             | receiver      | ``pool.lock``    |
 |                       | (set_read_ahead) | (_put_ready)  |                  |
 +-----------------------+------------------+---------------+------------------+
+| ``pool.batches_ahead``| main (set_depth) | both (the     | ``pool.lock``    |
+|                       |                  | no-slot       |                  |
+|                       |                  | warning)      |                  |
++-----------------------+------------------+---------------+------------------+
 | ``pool.posted``       | main (append)    | both          | ``pool.lock``    |
 |                       |                  | (popleft)     | for pops; an     |
 |                       |                  |               | append is atomic |

@@ -184,7 +184,7 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
         if depth != self._t.pool.book.n_jobs_ahead or \
                 depth * group != self._t.depth:
             # The pool counts groups, the iterator batches.
-            self._t.pool.set_depth(depth)
+            self._t.pool.set_depth(depth, depth * group)
             self._t.depth = depth * group
         # Last: an interrupt before has it tuned again.
         self._t.tuned = True

@@ -56,6 +56,8 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         self.method = ctx.get_start_method()
         self.lock = threading.Lock()
         self.book = Book(n_workers, n_jobs_ahead, max_tasks, split, cpus)
+        # The batches in flight, a group's all counted (for messages).
+        self.batches_ahead = n_jobs_ahead
         # In flight, the one the user holds, and one being handed out.
         self.slots = slots
         self.ready = queue.SimpleQueue()   # C-level: far cheaper than Queue
@@ -256,11 +258,13 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
             self.waiting = False
         self.receiver.want()
 
-    def set_depth(self, depth):
+    def set_depth(self, depth, batches=None):
         """Jobs (batches, or groups) in flight from now on (the chunking
-        follows it).  Main thread; takes the lock."""
+        follows it), ``batches`` batches (None: as many as jobs).  Main
+        thread; takes the lock."""
         with self.lock:
             self.book.set_depth(depth)
+            self.batches_ahead = depth if batches is None else batches
 
     def use_layout(self, layout):
         """Switch to buffers for ``layout`` (MemoryError: no room).  Main

@@ -155,7 +155,7 @@ class PoolWorkers:
                 'free slot come by copy, which is slower; lower n_prefetch '
                 'or raise the limit: {}'.format(
                     len(self.slots.buffers.allocated()), self.slots.n_slots,
-                    self.book.n_jobs_ahead, e))))
+                    self.batches_ahead, e))))
             return None
 
     def on_result(self, worker, generation, seq, chunk, loaded):
