@@ -6,6 +6,7 @@ from both.  Run by test_chainer_differential.py in a venv with Chainer.
 """
 
 import json
+import multiprocessing
 import os
 import sys
 
@@ -372,6 +373,10 @@ def main():
     global chainer
     import chainer
     kind, tmp = sys.argv[1], sys.argv[2]
+    if kind == 'mp-forkserver':
+        # As in the suite (conftest.py): the forkserver's workers fork
+        # with chainiter imported, not importing it each.
+        multiprocessing.set_forkserver_preload(['chainiter'])
     out = scenarios(kind)
     out.update(snapshots(kind, tmp))
     out.update(shuffled_snapshots(kind, tmp))

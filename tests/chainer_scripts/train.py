@@ -14,6 +14,7 @@ iteration and epoch_detail, and the last log entry.
 
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 
@@ -100,6 +101,10 @@ def main():
     global chainer
     import chainer
     kind, out, mode = sys.argv[1:4]
+    if kind == 'mp-forkserver':
+        # As in the suite (conftest.py): the forkserver's workers fork
+        # with chainiter imported, not importing it each.
+        multiprocessing.set_forkserver_preload(['chainiter'])
     result = {}
     if mode == 'full-and-stop':
         for name, stop_at in (('full', N_ITERATIONS), ('stopped', STOP_AT)):
