@@ -9,6 +9,8 @@ child's too: their slots are never written again.
 import os
 import weakref
 
+from chainiter._interrupts import uninterrupted
+
 # Every pool of this process, so that a forked child can let go of them.
 POOLS = weakref.WeakSet()
 
@@ -30,12 +32,18 @@ def _retire_leased_slots():
     """After a fork, in the parent: arrays handed out are now the child's
     too; their slots are never reused (the child reads what it got)."""
     for pool in list(POOLS):
-        if pool.owner == os.getpid() and not pool.closed and \
-                pool.lock.acquire(timeout=10):
-            try:
-                pool.slots.retire_leased()
-            finally:
-                pool.lock.release()
+        if pool.owner != os.getpid() or pool.closed:
+            continue
+        # Held back: a signal handler that raised between the acquire and
+        # the try (a Ctrl-C, or a timeout's SIGALRM, in the next() that
+        # forked a worker) would leave the lock held for good, and next()
+        # and the receiver thread waiting for it.
+        with uninterrupted():
+            if pool.lock.acquire(timeout=10):
+                try:
+                    pool.slots.retire_leased()
+                finally:
+                    pool.lock.release()
 
 
 if hasattr(os, 'register_at_fork'):
