@@ -582,3 +582,36 @@ def test_with_maxtasksperchild_a_group_counts_as_its_batches(method):
     per_worker = {pid: pids.count(pid) for pid in set(pids)}
     assert max(per_worker.values()) <= 7 * 5, per_worker
     assert len(per_worker) >= 70 // 7
+
+
+class GrowsLate(Ragged):
+    """``Ragged`` whose example 301 (in batch 60, well after the groups
+    began) is 400 values long: it does not fit the padded rows."""
+
+    def __getitem__(self, i):
+        if i == 301:
+            return numpy.full(400, i, dtype=numpy.int32), i
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize('shared_mem', [None, 64])
+def test_a_padded_group_with_an_example_too_long_for_its_rows(
+        method, shared_mem):
+    # The group holding example 301 comes back in parts (one per batch,
+    # each padded to its own longest example), one of them whole: the
+    # main process reads the parts and converts that batch itself.
+    dataset = GrowsLate(400)
+    pad = functools.partial(concat_examples, padding=0)
+    with SerialIterator(dataset, 5, shuffle=False) as ref:
+        expected = [fingerprint(pad(next(ref))) for _ in range(70)]
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        with MultiprocessIterator(
+                dataset, 5, n_processes=2, shuffle=False, converter=pad,
+                shared_mem=shared_mem, start_method=method) as it:
+            got = []
+            for _ in range(70):
+                got.append(fingerprint(next(it)))
+                if len(got) == 40:
+                    assert it.stats['batches_per_task'] == 4
+    assert got == expected

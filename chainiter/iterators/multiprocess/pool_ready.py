@@ -110,15 +110,10 @@ class ReadyBatches:
         if batch.failure is not None or batch.slot is None or \
                 batch.buffers.layout.mode != 'stacked':
             return
-        chunks = []
-        for i in range(batch.n_chunks):
-            result = batch.results[i]
-            if result.error is not None:
-                return
-            if type(result.metas) is wire.Parts:     # a padded group's
-                chunks.extend(result.metas.metas)
-            else:
-                chunks.append(result.metas)
+        results = [batch.results[i] for i in range(batch.n_chunks)]
+        if any(result.error is not None for result in results):
+            return
+        chunks = wire.segment_metas([result.metas for result in results])
         try:
             exporter = self.slots.exporter(batch)
             stacked, _, oversize = read.read_batch(

@@ -8,7 +8,7 @@ depth to."""
 import numpy
 
 from chainiter.errors import ChainiterError, WorkerDiedError
-from chainiter.iterators.multiprocess import converted, remote
+from chainiter.iterators.multiprocess import converted, remote, wire
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.read import read_batch
 
@@ -41,6 +41,8 @@ def read(pool, batch, chunks, fitting):
     exporter = pool.hand_out(batch)
     if prepared is not None:    # read by the receiver thread
         return prepared[1], None, False, None
+    # A padded group's chunks come in parts, one per batch.
+    chunks = wire.segment_metas(chunks)
     if exporter is None:     # the batch came through the socket
         examples = [meta.example for chunk in chunks for meta in chunk]
         slot_bytes = None

@@ -132,6 +132,19 @@ class Parts(typing.NamedTuple):
     metas: list
 
 
+def segment_metas(chunks):
+    """The results of each segment of ``chunks`` (what each chunk of a
+    batch tells), in order: a padded group's chunk comes as ``Parts``,
+    one per batch it holds."""
+    out = []
+    for chunk in chunks:
+        if type(chunk) is Parts:
+            out.extend(chunk.metas)
+        else:
+            out.append(chunk)
+    return out
+
+
 class Result(typing.NamedTuple):
     generation: int
     seq: int
