@@ -117,3 +117,18 @@ def test_the_depth_budget():
     # Few descriptors left: half of what is left, four to a slot.
     assert depth.tuned(o, 32, 1000, 1, 100) < 64
     assert depth.largest_group(o, 2 ** 20) == 256 // 10
+
+
+def test_an_explicit_depth_leaves_each_worker_two_groups():
+    # n_prefetch counts batches; a group counts as its batches, and each
+    # of the 2 workers has two groups in flight: with one, it waits for
+    # its next group while the last one travels.
+    assert depth.largest_group(
+        _options(n_processes=2, n_prefetch=8), 1000) == 2
+    assert depth.largest_group(
+        _options(n_processes=2, n_prefetch=4), 1000) == 1
+    assert depth.explicit(8, 2) == 4
+    # maxtasksperchild caps a group too: it counts as its batches.
+    assert depth.largest_group(
+        _options(n_processes=2, n_prefetch=64, maxtasksperchild=3),
+        1000) == 3

@@ -54,13 +54,16 @@ def largest_group(options, batch_slot_bytes):
     """The most batches a group may hold: the slots of a grouped depth
     (two per worker, ``tuned``'s floor) and two, each of that many
     batches of ``batch_slot_bytes``, within ``prefetch_bytes``.  With an
-    explicit ``n_prefetch``, a group for each worker within it (a group
-    counts as its batches); with ``maxtasksperchild``, a group is at most
-    that many tasks (it counts as its batches)."""
+    explicit ``n_prefetch``, two groups for each worker within it (a group
+    counts as its batches; with one, a worker waits for its next group
+    while the last one travels and is handed out); with
+    ``maxtasksperchild``, a group is at most that many tasks (it counts as
+    its batches)."""
     largest = options.prefetch_bytes // (
         (2 * options.n_processes + 2) * max(batch_slot_bytes, 1))
     if options.n_prefetch is not None:
-        largest = min(largest, options.n_prefetch // options.n_processes)
+        largest = min(largest,
+                      options.n_prefetch // (2 * options.n_processes))
     if options.maxtasksperchild is not None:
         largest = min(largest, options.maxtasksperchild)
     return largest
