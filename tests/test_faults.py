@@ -258,11 +258,15 @@ def _child_pids():
 
 
 CHILD = '''
-import sys
+import signal, sys
 sys.path.insert(0, {tests!r})
 import chainiter, helpers
 
 if __name__ == '__main__':
+    # A program started from a terminal, where Ctrl-C raises
+    # KeyboardInterrupt; a test run started in the background (nohup, &)
+    # hands its children SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     it = chainiter.MultiprocessIterator(
         helpers.Pids(), 2, n_processes=2, start_method={method!r})
     pids = set()
