@@ -45,8 +45,7 @@ class Group:
         if self.padded:
             if chunks is None:
                 chunks = metas(batch)
-            parts = [part for chunk in chunks for part in chunk.metas]
-            self.tops = batch_tops(batch.buffers, parts, self.bounds)
+            self.tops = batch_tops(batch.buffers, chunks, self.bounds)
             self.layout = batch.buffers and batch.buffers.layout
 
     def cut(self, index):

@@ -14,8 +14,11 @@ from chainiter.iterators.multiprocess.read import read_batch
 
 
 def metas(batch):
-    """What each chunk of a finished batch that holds no error tells."""
-    return [batch.results[i].metas for i in range(batch.n_chunks)]
+    """What each chunk of a finished batch that holds no error tells, a
+    padded group's chunk as its parts, one per batch
+    (``wire.segment_metas``)."""
+    return wire.segment_metas(
+        [batch.results[i].metas for i in range(batch.n_chunks)])
 
 
 def wait(pool, handle, timeout):
@@ -41,8 +44,6 @@ def read(pool, batch, chunks, fitting):
     exporter = pool.hand_out(batch)
     if prepared is not None:    # read by the receiver thread
         return prepared[1], None, False, None
-    # A padded group's chunks come in parts, one per batch.
-    chunks = wire.segment_metas(chunks)
     if exporter is None:     # the batch came through the socket
         examples = [meta.example for chunk in chunks for meta in chunk]
         slot_bytes = None
