@@ -509,3 +509,33 @@ def test_padded_fields_wider_than_the_arrays(method):
             SerialIterator(PerExample(dataset), 3, seed=2) as ref:
         for _ in range(8):
             assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
+
+
+class _Sequences:
+    """(int32 sequence of length 1..100, Python int label); the first
+    batch's are short and the last example is the longest."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        n = 100 if i == 11 else i + 1
+        return numpy.arange(n, dtype=numpy.int32), i % 3
+
+
+def test_shared_mem_counts_the_arrays_bytes_as_chainer_does(method):
+    # shared_mem=400: room for 400 bytes of arrays an example (an int32
+    # sequence of 100), the labels' rows on top, as Chainer's shared_mem
+    # counts the arrays only.  A user who passed the bytes of the largest
+    # example was told to pass more, and it came through a copy.
+    converter = functools.partial(concat_examples, padding=0)
+    with MultiprocessIterator(_Sequences(), 4, n_processes=2,
+                              shared_mem=400, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(_Sequences(), 4, shuffle=False) as ref, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        for _ in range(6):
+            assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
+    assert [str(w.message) for w in record] == []

@@ -47,12 +47,13 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
         prefetch_bytes (int): the shared memory the self-tuning depth may
             use for its slots (the depth + 2: the batch the user holds and
             the one being handed out); default 256 MiB.
-        shared_mem (int or None): bytes of shared memory per example (None:
-            measured from the first batch).  Larger examples are still
-            delivered, with a ``SharedMemoryWarning``, and the buffers grow.
-            When the workers stack the batch, the shapes are measured from
-            the first batch and ``shared_mem`` lengthens the padded fields
-            so that each example has room for that many bytes.
+        shared_mem (int or None): bytes of shared memory per example for
+            its arrays, as Chainer counts them (None: measured from the
+            first batch; stacked labels take their rows on top).  Larger
+            examples are still delivered, with a ``SharedMemoryWarning``,
+            and the buffers grow.  When the workers stack the batch, the
+            shapes are measured from the first batch and ``shared_mem``
+            lengthens the padded fields to hold that many bytes.
         dataset_timeout (float or None): warn with ``TimeoutWarning`` when no
             batch arrived for that many seconds.
         maxtasksperchild (int or None): replace a worker after that many

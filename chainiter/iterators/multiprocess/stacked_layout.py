@@ -166,12 +166,18 @@ def grown(old, new, batch, batch_size, growth):
 
 
 def widen(layout, batch, batch_size, example_bytes):
-    """``layout`` with room for ``example_bytes`` per example: its padded
-    fields lengthened (along their first dimension, all by the same
-    factor) or, without any, the largest field given the bytes missing
-    (the one whose shape varies, in bucketed data);
-    ``layout`` itself when it has the room already."""
+    """``layout`` with room for ``example_bytes`` of arrays per example
+    (``shared_mem``, which counts the arrays, as Chainer's does: the rows
+    of fields that are not arrays in ``batch``, a label, come on top):
+    its padded fields lengthened (along their first dimension, all by
+    the same factor) or, without any, the largest field given the bytes
+    missing (the one whose shape varies, in bucketed data); ``layout``
+    itself when it has the room already."""
     padded = [layout.fields[i] for i in padded_fields(layout)]
+    first = batch[0]
+    example_bytes += sum(
+        f.row_bytes for f in layout.fields if not isinstance(
+            first if f.key is None else first[f.key], numpy.ndarray))
     have = row_bytes(layout)
     if have >= example_bytes:
         return layout
