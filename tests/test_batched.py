@@ -539,3 +539,21 @@ def test_shared_mem_counts_the_arrays_bytes_as_chainer_does(method):
         for _ in range(6):
             assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
     assert [str(w.message) for w in record] == []
+
+
+def test_an_example_too_large_for_shared_mem_is_named_in_its_bytes(method):
+    # The warning counts as shared_mem does: the bytes of the example's
+    # arrays (not rounded), against the room for arrays (not the labels').
+    converter = functools.partial(concat_examples, padding=0)
+    with MultiprocessIterator(_Sequences(), 4, n_processes=2,
+                              shared_mem=200, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(_Sequences(), 4, shuffle=False) as ref, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        for _ in range(6):
+            assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
+    message, = [str(w.message) for w in record]
+    assert 'an example with 400 bytes of arrays did not fit its shared ' \
+        'memory (200 bytes of arrays per example)' in message

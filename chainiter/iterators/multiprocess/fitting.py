@@ -5,6 +5,7 @@ example), and the warnings that tell the user, each given once."""
 import warnings
 
 from chainiter.errors import SharedMemoryWarning
+from chainiter.iterators.multiprocess import stacked_layout
 
 
 class Fitting:
@@ -32,15 +33,13 @@ class Fitting:
             return None
         if layout is not None and oversize and not self.warned_size:
             self.warned_size = True
-            need = max(slots.measure(e) for e in oversize)
             warnings.warn(
                 ('a converted batch' if in_workers else 'an example') +
                 ' with {} bytes of arrays did not fit its shared '
-                'memory ({} bytes per example); it was delivered intact '
+                'memory ({} bytes{} per example); it was delivered intact '
                 'through a copy and the buffers were enlarged. Pass '
                 'shared_mem={} (or more) to reserve enough from the '
-                'start'.format(need, layout.slot_bytes // slots.batch_size,
-                               new.slot_bytes // slots.batch_size),
+                'start'.format(*_sizes(slots, layout, new, oversize)),
                 SharedMemoryWarning, stacklevel=4)
         if layout is None:
             pool.use_layout(new)   # no room at all: a clear error
@@ -68,3 +67,21 @@ class Fitting:
             'padded fields the same dtype and number of dimensions) to have '
             'the workers stack it in shared memory'.format(how),
             SharedMemoryWarning, stacklevel=5)
+
+
+def _sizes(slots, layout, new, oversize):
+    """What the warning for ``oversize`` names: the bytes of the largest
+    example's arrays, the room for them an example had (in ``layout``),
+    and the ``shared_mem`` that gives the room ``new`` has.  Stacked
+    rows count as ``shared_mem`` does (``array_bytes``); the list
+    layout's regions as they are."""
+    per_example = slots.batch_size
+    if layout.mode == 'stacked' and new.mode == 'stacked':
+        sizes = [(stacked_layout.array_bytes(layout, e),
+                  stacked_layout.array_bytes(new, e)) for e in oversize]
+        if all(a is not None and b is not None for a, b in sizes):
+            (need, room), (_, more) = max(sizes, key=lambda s: s[0][0])
+            return need, room, ' of arrays', more
+    return (max(slots.measure(e) for e in oversize),
+            layout.slot_bytes // per_example, '',
+            new.slot_bytes // per_example)

@@ -214,6 +214,22 @@ def field_padding(layout, key):
     return padding_of(layout.padding, key, layout.structure)
 
 
+def array_bytes(layout, example):
+    """``(the bytes of the arrays of example, the room for them in
+    layout)``, as ``shared_mem`` counts (the rows of its other values,
+    a label, left out); None when ``example`` does not have the
+    layout's structure."""
+    try:
+        values = [example if f.key is None else example[f.key]
+                  for f in layout.fields]
+    except (IndexError, KeyError, TypeError):
+        return None
+    arrays = [(f, v) for f, v in zip(layout.fields, values)
+              if isinstance(v, numpy.ndarray)]
+    return (sum(v.nbytes for _, v in arrays),
+            sum(f.row_bytes for f, _ in arrays))
+
+
 def row_bytes(layout):
     """Bytes one example takes in a stacked layout."""
     return sum(field.row_bytes for field in layout.fields)
