@@ -210,3 +210,50 @@ def test_ragged_list_batches_pad_in_the_workers(method, kind):
         if type(batch) is StackedExamples:
             assert batch.stacked_for(0) is not None
             assert batch.stacked_for(-1) is None
+
+
+class _Buckets:
+    """Sequences of length 1, 2, 3 or 4 (x 3 values) by runs of five
+    examples: with ``_Blocks`` each batch of five is one bucket."""
+
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        return numpy.full((1 + (i // 5) % 4, 3), i, numpy.float32), i % 3
+
+
+class _Blocks:
+    """An order of whole runs of five, shuffled."""
+
+    def __init__(self, seed):
+        self.rng = numpy.random.default_rng(seed)
+
+    def __call__(self, current_order, current_position):
+        return (self.rng.permutation(40)[:, None] * 5 +
+                numpy.arange(5)).reshape(-1)
+
+
+def test_bucketed_list_batches_stay_unpadded_after_a_mixed_group(method):
+    # A group of batches of several buckets does not stack as one, and
+    # ends the groups, as with concat_examples; each batch is of one
+    # shape, so its rows need no padding and concat_examples of it is the
+    # workers' rows.  (The group's mixed shapes made the rows padded to
+    # the largest of every dimension from then on: each example written
+    # alone, and concat_examples stacking the batch anew.)
+    with SerialIterator(_Buckets(), 5, order_sampler=_Blocks(0)) as ref:
+        expected = [list(next(ref)) for _ in range(240)]
+    got, stacked = [], []
+    with MultiprocessIterator(_Buckets(), 5, n_processes=2,
+                              order_sampler=_Blocks(0),
+                              start_method=method) as it:
+        for _ in range(240):
+            batch = next(it)    # (held batches would hold their slots)
+            got.append(fingerprint(list(batch)))
+            stacked.append(type(batch) is StackedExamples and
+                           concat_examples(batch)[0] is batch.stacked[0])
+        grouped = it.stats['batches_per_task']
+    assert got == [fingerprint(b) for b in expected]
+    assert grouped == 1
+    # Once the groups in flight have come, the workers' rows.
+    assert all(stacked[-60:])

@@ -57,7 +57,8 @@ class SlotPool:
     def __init__(self, n_slots, batch_size, stacked, padding, shared_mem,
                  exact=False):
         self.n_slots = n_slots
-        self.batch_size = batch_size
+        self.batch_size = batch_size    # rows a slot holds (a group's)
+        self.one_batch = batch_size     # the examples of one batch
         self.stacked = stacked
         self.padding = padding
         self.exact = exact      # stacked layouts are ``Layout.exact``
@@ -251,7 +252,7 @@ class SlotPool:
                 # padded so far too.
                 padding = stacked_layout.list_padding(
                     examples, current.padding if current is not None and
-                    current.mode == 'stacked' else None)
+                    current.mode == 'stacked' else None, self.one_batch)
             new = stacked_layout.stacked_layout(
                 examples, self.batch_size, padding)
             if current is not None and current.mode == 'stacked':

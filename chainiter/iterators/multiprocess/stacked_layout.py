@@ -71,21 +71,27 @@ def stacked_layout(batch, batch_size, padding, capacities=None,
                   fields=tuple(fields), padding=padding, padded=tuple(padded))
 
 
-def list_padding(batch, before=None):
+def list_padding(batch, before=None, batch_size=None):
     """The padding of a layout for list batches like ``batch``
     (``Layout.exact``): 0 for each field of arrays whose shapes differ
-    (or that ``before``, the padding of the layout so far, pads), None
-    for the others (a tuple, a dict or one value, as the examples are);
-    None when no field needs it."""
+    within a batch (of ``batch_size`` examples: ``batch`` may be a group
+    of batches, each of its own bucket's shape), or that ``before``, the
+    padding of the layout so far, pads; None for the others (a tuple, a
+    dict or one value, as the examples are); None when no field needs
+    it."""
     first = batch[0]
+    n = batch_size or len(batch)
+
+    def ragged(values):
+        return any(_ragged(values[i:i + n]) for i in range(0, len(values), n))
     if isinstance(first, tuple):
         keys = range(len(first))
     elif isinstance(first, dict):
         keys = list(first)
     else:
-        return 0 if before == 0 or _ragged(batch) else None
+        return 0 if before == 0 or ragged(batch) else None
     try:
-        pads = {key: 0 if _ragged([e[key] for e in batch]) or
+        pads = {key: 0 if ragged([e[key] for e in batch]) or
                 padding_of(before, key, 'tuple' if isinstance(first, tuple)
                            else 'dict') == 0 else None
                 for key in keys}
