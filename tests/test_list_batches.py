@@ -9,6 +9,7 @@ import collections
 import copy
 import enum
 import pickle
+import warnings
 
 import numpy
 import pytest
@@ -257,3 +258,30 @@ def test_bucketed_list_batches_stay_unpadded_after_a_mixed_group(method):
     assert grouped == 1
     # Once the groups in flight have come, the workers' rows.
     assert all(stacked[-60:])
+
+
+class _TurnsRagged:
+    """Arrays of shape (4, 3) in the first four batches of five, of
+    shapes (1..4, 3) after."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        rows = 4 if i < 20 else 1 + i % 4
+        return numpy.full((rows, 3), i, numpy.float32), i
+
+
+def test_list_batches_that_turn_ragged_warn_of_nothing(method):
+    # The first ragged batch comes by copy and the rows are padded from
+    # then on: no example was too large, so no SharedMemoryWarning (it
+    # said that an example of 12 bytes 'did not fit' rows of 48).
+    with SerialIterator(_TurnsRagged(), 5, shuffle=False) as ref:
+        expected = [fingerprint(next(ref)) for _ in range(8)]
+    with MultiprocessIterator(_TurnsRagged(), 5, n_processes=2,
+                              shuffle=False, start_method=method) as it, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        got = [fingerprint(list(next(it))) for _ in range(8)]
+    assert got == expected
+    assert [str(w.message) for w in record] == []

@@ -31,7 +31,10 @@ class Fitting:
             self._warn_mismatch(mismatch)
         if new is None:
             return None
-        if layout is not None and oversize and not self.warned_size:
+        sizes = _sizes(slots, layout, new, oversize) \
+            if layout is not None and oversize and not self.warned_size \
+            else None
+        if sizes is not None:
             self.warned_size = True
             warnings.warn(
                 ('a converted batch' if in_workers else 'an example') +
@@ -39,8 +42,7 @@ class Fitting:
                 'memory ({} bytes{} per example); it was delivered intact '
                 'through a copy and the buffers were enlarged. Pass '
                 'shared_mem={} (or more) to reserve enough from the '
-                'start'.format(*_sizes(slots, layout, new, oversize)),
-                SharedMemoryWarning, stacklevel=4)
+                'start'.format(*sizes), SharedMemoryWarning, stacklevel=4)
         if layout is None:
             pool.use_layout(new)   # no room at all: a clear error
             return None
@@ -72,7 +74,9 @@ class Fitting:
 def _sizes(slots, layout, new, oversize):
     """What the warning for ``oversize`` names: the bytes of the largest
     example's arrays, the room for them an example had (in ``layout``),
-    and the ``shared_mem`` that gives the room ``new`` has.  Stacked
+    and the ``shared_mem`` that gives the room ``new`` has; None when
+    its arrays had the room (it came by copy for its shapes: list batches
+    whose arrays turned ragged have padded rows from then on).  Stacked
     rows count as ``shared_mem`` does (``array_bytes``); the list
     layout's regions as they are."""
     per_example = slots.batch_size
@@ -81,7 +85,8 @@ def _sizes(slots, layout, new, oversize):
                   stacked_layout.array_bytes(new, e)) for e in oversize]
         if all(a is not None and b is not None for a, b in sizes):
             (need, room), (_, more) = max(sizes, key=lambda s: s[0][0])
-            return need, room, ' of arrays', more
+            return (need, room, ' of arrays', more) if need > room \
+                else None
     return (max(slots.measure(e) for e in oversize),
             layout.slot_bytes // per_example, '',
             new.slot_bytes // per_example)
