@@ -277,3 +277,16 @@ def test_examples_like_the_first_are_written_as_every_example_is(examples):
     assert metas[0] == metas[1]
     assert None in metas[0] and metas[0].count(metas[0][0]) > 2
     numpy.testing.assert_array_equal(wholes[0], wholes[1])
+
+
+def test_shared_mem_widens_the_arrays_never_the_labels():
+    # shared_mem counts the arrays: with no padded field the bytes missing
+    # go to the largest field of arrays (not a label's row, even when it
+    # is larger), and examples with no array keep their layout.
+    batch = [(numpy.zeros(4, numpy.uint8), i) for i in range(3)]
+    layout = stacked_layout.stacked_layout(batch, 3, None)
+    wide = stacked_layout.widen(layout, batch, 3, 100)
+    assert [f.row_bytes for f in wide.fields] == [112, 8]
+    labels = [(i, 0.5) for i in range(3)]
+    layout = stacked_layout.stacked_layout(labels, 3, None)
+    assert stacked_layout.widen(layout, labels, 3, 100) is layout

@@ -76,7 +76,9 @@ def _sizes(slots, layout, new, oversize):
     example's arrays, the room for them an example had (in ``layout``),
     and the ``shared_mem`` that gives the room ``new`` has; None when
     its arrays had the room (it came by copy for its shapes: list batches
-    whose arrays turned ragged have padded rows from then on).  Stacked
+    whose arrays turned ragged have padded rows from then on; or for a
+    value that is not an array, a label that outgrew its rows, which
+    ``shared_mem`` does not count).  Stacked
     rows count as ``shared_mem`` does (``array_bytes``); the list
     layout's regions as they are."""
     per_example = slots.batch_size

@@ -38,7 +38,8 @@ class Group:
 
     def arrived_as(self, batch, chunks):
         """The group's finished ``batch`` arrived, its chunks' parts
-        ``chunks`` (None: the batch taken ahead, its chunks' metas): with
+        ``chunks`` (``reading.metas``: a padded group's chunks already
+        cut in their parts; None: the batch taken ahead): with
         padding, each batch's largest shapes (a batch is
         padded to its own longest example)."""
         self.arrived = True

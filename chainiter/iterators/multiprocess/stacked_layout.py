@@ -177,18 +177,19 @@ def widen(layout, batch, batch_size, example_bytes):
     of fields that are not arrays in ``batch``, a label, come on top):
     its padded fields lengthened (along their first dimension, all by
     the same factor) or, without any, the largest field given the bytes
-    missing (the one whose shape varies, in bucketed data); ``layout``
-    itself when it has the room already."""
+    missing (the largest field of arrays: the one whose shape varies, in
+    bucketed data); ``layout`` itself when it has the room already, or
+    no field of arrays."""
     padded = [layout.fields[i] for i in padded_fields(layout)]
     first = batch[0]
-    example_bytes += sum(
-        f.row_bytes for f in layout.fields if not isinstance(
-            first if f.key is None else first[f.key], numpy.ndarray))
+    arrays = [f for f in layout.fields if isinstance(
+        first if f.key is None else first[f.key], numpy.ndarray)]
+    example_bytes += row_bytes(layout) - sum(f.row_bytes for f in arrays)
     have = row_bytes(layout)
-    if have >= example_bytes:
+    if have >= example_bytes or not arrays:
         return layout
     if not padded:
-        largest = max(layout.fields, key=lambda f: f.row_bytes)
+        largest = max(arrays, key=lambda f: f.row_bytes)
         return stacked_layout(batch, batch_size, layout.padding, None, {
             largest.key: _round(largest.row_bytes + example_bytes - have)})
     padded_bytes = sum(f.row_bytes for f in padded)
@@ -225,6 +226,10 @@ def array_bytes(layout, example):
     layout)``, as ``shared_mem`` counts (the rows of its other values,
     a label, left out); None when ``example`` does not have the
     layout's structure."""
+    if layout.structure != ('tuple' if isinstance(example, tuple) else
+                            'dict' if isinstance(example, dict) else
+                            'single'):
+        return None
     try:
         values = [example if f.key is None else example[f.key]
                   for f in layout.fields]
