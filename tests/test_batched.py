@@ -523,37 +523,33 @@ class _Sequences:
         return numpy.arange(n, dtype=numpy.int32), i % 3
 
 
+def _sequences_warnings(method, shared_mem):
+    """The warnings of six padded batches of ``_Sequences`` with
+    ``shared_mem`` (each batch checked against SerialIterator's)."""
+    converter = functools.partial(concat_examples, padding=0)
+    with MultiprocessIterator(_Sequences(), 4, n_processes=2,
+                              shared_mem=shared_mem, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(_Sequences(), 4, shuffle=False) as ref, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        for _ in range(6):
+            assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
+    return [str(w.message) for w in record]
+
+
 def test_shared_mem_counts_the_arrays_bytes_as_chainer_does(method):
     # shared_mem=400: room for 400 bytes of arrays an example (an int32
     # sequence of 100), the labels' rows on top, as Chainer's shared_mem
     # counts the arrays only.  A user who passed the bytes of the largest
     # example was told to pass more, and it came through a copy.
-    converter = functools.partial(concat_examples, padding=0)
-    with MultiprocessIterator(_Sequences(), 4, n_processes=2,
-                              shared_mem=400, shuffle=False,
-                              converter=converter,
-                              start_method=method) as it, \
-            SerialIterator(_Sequences(), 4, shuffle=False) as ref, \
-            warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter('always')
-        for _ in range(6):
-            assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
-    assert [str(w.message) for w in record] == []
+    assert _sequences_warnings(method, 400) == []
 
 
 def test_an_example_too_large_for_shared_mem_is_named_in_its_bytes(method):
     # The warning counts as shared_mem does: the bytes of the example's
     # arrays (not rounded), against the room for arrays (not the labels').
-    converter = functools.partial(concat_examples, padding=0)
-    with MultiprocessIterator(_Sequences(), 4, n_processes=2,
-                              shared_mem=200, shuffle=False,
-                              converter=converter,
-                              start_method=method) as it, \
-            SerialIterator(_Sequences(), 4, shuffle=False) as ref, \
-            warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter('always')
-        for _ in range(6):
-            assert fingerprint(next(it)) == fingerprint(converter(next(ref)))
-    message, = [str(w.message) for w in record]
+    message, = _sequences_warnings(method, 200)
     assert 'an example with 400 bytes of arrays did not fit its shared ' \
         'memory (200 bytes of arrays per example)' in message

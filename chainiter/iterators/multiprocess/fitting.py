@@ -78,9 +78,8 @@ def _sizes(slots, layout, new, oversize):
     its arrays had the room (it came by copy for its shapes: list batches
     whose arrays turned ragged have padded rows from then on; or for a
     value that is not an array, a label that outgrew its rows, which
-    ``shared_mem`` does not count).  Stacked
-    rows count as ``shared_mem`` does (``array_bytes``); the list
-    layout's regions as they are."""
+    ``shared_mem`` does not count).  Stacked rows count as ``shared_mem``
+    does (``array_bytes``); the list layout's regions as they are."""
     per_example = slots.batch_size
     if layout.mode == 'stacked' and new.mode == 'stacked':
         sizes = [(stacked_layout.array_bytes(layout, e),

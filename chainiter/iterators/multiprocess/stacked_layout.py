@@ -181,9 +181,7 @@ def widen(layout, batch, batch_size, example_bytes):
     bucketed data); ``layout`` itself when it has the room already, or
     no field of arrays."""
     padded = [layout.fields[i] for i in padded_fields(layout)]
-    first = batch[0]
-    arrays = [f for f in layout.fields if isinstance(
-        first if f.key is None else first[f.key], numpy.ndarray)]
+    arrays = [f for f, _ in _array_fields(layout, batch[0])]
     example_bytes += row_bytes(layout) - sum(f.row_bytes for f in arrays)
     have = row_bytes(layout)
     if have >= example_bytes or not arrays:
@@ -231,14 +229,20 @@ def array_bytes(layout, example):
                             'single'):
         return None
     try:
-        values = [example if f.key is None else example[f.key]
-                  for f in layout.fields]
+        arrays = _array_fields(layout, example)
     except (IndexError, KeyError, TypeError):
         return None
-    arrays = [(f, v) for f, v in zip(layout.fields, values)
-              if isinstance(v, numpy.ndarray)]
     return (sum(v.nbytes for _, v in arrays),
             sum(f.row_bytes for f, _ in arrays))
+
+
+def _array_fields(layout, example):
+    """``(field, value)`` for each field of ``layout`` whose value in
+    ``example`` is an array (what ``shared_mem`` counts)."""
+    values = [example if f.key is None else example[f.key]
+              for f in layout.fields]
+    return [(f, v) for f, v in zip(layout.fields, values)
+            if isinstance(v, numpy.ndarray)]
 
 
 def row_bytes(layout):
