@@ -290,3 +290,63 @@ def test_shared_mem_widens_the_arrays_never_the_labels():
     labels = [(i, 0.5) for i in range(3)]
     layout = stacked_layout.stacked_layout(labels, 3, None)
     assert stacked_layout.widen(layout, labels, 3, 100) is layout
+
+
+class _Sub(numpy.ndarray):
+    pass
+
+
+class _Label(int):
+    pass
+
+
+def _list_example(kind, j, odd):
+    x = numpy.full(3, j, dtype=numpy.float32)
+    if kind == 'plain':
+        return x, j
+    if kind == 'numpy-labels':
+        return x, numpy.int64(j)
+    if kind == 'int-subclass':
+        return x, _Label(j) if odd else j
+    if kind == 'list-label':
+        return x, [j] if odd else j
+    if kind == 'other-byte-order':
+        return (x.astype('>f4') if odd else x), j
+    if kind == 'array-subclass':
+        return (x.view(_Sub) if odd else x), j
+    if kind == '0-d-subclass':
+        return numpy.array(j).view(_Sub) if odd else numpy.array(j)
+    if kind == 'big-arrays':     # rows of more than 4096 bytes
+        big = numpy.full(2048, j, dtype=numpy.float32)
+        return (big.view(_Sub) if odd else big), j
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize('kind, exact', [
+    ('plain', True), ('numpy-labels', True), ('int-subclass', False),
+    ('list-label', False), ('other-byte-order', False),
+    ('array-subclass', False), ('0-d-subclass', False),
+    ('big-arrays', False)])
+def test_a_list_batch_chunk_is_written_as_rows_only_if_it_comes_back_alike(
+        kind, exact):
+    # List batches (Layout.exact): a chunk goes into the rows at once only
+    # when every value comes back from them as it was; else each example
+    # goes alone (and the odd one whole).  The chunk's checks agree with
+    # exact_rows.exact_columns.
+    from chainiter.iterators.multiprocess.exact_rows import exact_columns
+    # The buffers are fitted to a batch of the kind without its odd one.
+    first = [_list_example(kind, j, False) for j in range(BATCH)]
+    pool = SlotPool(4, BATCH, True, None, None, exact=True)
+    layout = fitted(pool, first)
+    assert layout.exact
+    examples = [_list_example(kind, j, j == 2) for j in range(BATCH)]
+    whole = numpy.zeros(layout.slot_bytes, dtype=numpy.uint8)
+    rows = write_stacked_chunk(whole, layout, 0, examples)
+    columns = [examples] if layout.structure == 'single' else \
+        list(zip(*examples))
+    assert exact_columns(columns) is exact
+    assert (rows is not None) is exact
+    whole, results = write(layout, [(0, examples)])
+    stacked, listed, oversize = read.read_batch(whole, layout, results)
+    got = listed if stacked is None else stacked
+    assert helpers.fingerprint(list(got)) == helpers.fingerprint(examples)

@@ -18,8 +18,8 @@ ARRAY = 'a'             # an ndarray (or a subclass: a memmap's row)
 NUMPY_SCALAR = 's'      # numpy.int32(3), numpy.float64(0.5), ...
 PYTHON_SCALAR = 'p'     # a bool, int, float or complex
 OTHER = 'o'             # a list, a tuple, an int subclass...
-_PYTHON_SCALARS = frozenset((bool, int, float, complex))
-_PYTHON_DTYPES = frozenset(numpy.dtype(t) for t in _PYTHON_SCALARS)
+PYTHON_SCALARS = frozenset((bool, int, float, complex))
+_PYTHON_DTYPES = frozenset(numpy.dtype(t) for t in PYTHON_SCALARS)
 
 
 def kind_of(value):
@@ -27,7 +27,7 @@ def kind_of(value):
     kind = type(value)
     if kind is numpy.ndarray:
         return ARRAY
-    if kind in _PYTHON_SCALARS:
+    if kind in PYTHON_SCALARS:
         return PYTHON_SCALAR
     if isinstance(value, numpy.generic):
         return NUMPY_SCALAR

@@ -2,17 +2,17 @@
 (``write_stacked_chunk``), a few numpy calls per field: one step per kind
 of field (rows without padding, padded rows of one dimension, padded rows
 of several).  ``example_rows.py`` writes the chunks this cannot, one
-example at a time; ``stacked_read.py`` reads the rows back and
-``exact_rows.py`` decides which list batches' examples come back as they
-were."""
+example at a time; ``stacked_read.py`` reads the rows back.  A list
+batch's chunk (``Layout.exact``) is written here only when its examples
+come back from the rows as they were (``exact_rows.exact_columns``),
+which the steps check on the way."""
 
 import operator
 
 import numpy
 
-from chainiter.iterators.multiprocess.exact_rows import exact_columns
 from chainiter.iterators.multiprocess.row_values import (
-    kind_of, native_dtype, row_spec, spec_bytes)
+    PYTHON_SCALARS, kind_of, native_dtype, row_spec, spec_bytes)
 from chainiter.iterators.multiprocess.stacked_layout import (
     Rows, example_columns, field_padding, padded_fields)
 
@@ -37,7 +37,7 @@ def write_stacked_chunk(whole, layout, start_row, examples):
     """
     n = len(examples)
     columns = example_columns(layout, examples)
-    if columns is None or (layout.exact and not exact_columns(columns)):
+    if columns is None:
         return None
     padded = set(padded_fields(layout))
     tops = {}
@@ -51,6 +51,8 @@ def write_stacked_chunk(whole, layout, start_row, examples):
                 return None
             specs.append(spec)
             continue
+        if layout.exact and not numpy.dtype(field.dtype).isnative:
+            return None     # a list batch's arrays would come back swapped
         specs.append(None)
         dst = whole[start:start + n * field.row_bytes].view(
             field.dtype).reshape((n,) + field.capacity)
@@ -69,7 +71,9 @@ def write_stacked_chunk(whole, layout, start_row, examples):
 def _write_unpadded(whole, layout, field, start, column):
     """Write the rows of a field without padding from byte ``start``; the
     rows' ``(dtype str, shape, kind)`` (for ``Rows.specs``), or None when
-    a value does not fit them."""
+    a value does not fit them, or (``Layout.exact``: a list batch's) would
+    not come back from them as it was (``exact_rows.exact_columns``, here
+    checked on the way)."""
     # The rows take the dtype and shape of the chunk's first example,
     # when they fit; every other example must have them.
     first = column[0]
@@ -84,10 +88,13 @@ def _write_unpadded(whole, layout, field, start, column):
     size = spec_bytes(spec)
     dst = whole[start:start + len(column) * size].view(dtype).reshape(
         (len(column),) + capacity)
+    exact = layout.exact
     try:
         if type(first) is numpy.ndarray and size <= _JOIN_BYTES:
-            _join_arrays(dst, capacity, column, layout, field.key)
+            _join_arrays(dst, capacity, column, layout, field.key, exact)
         elif type(first) is numpy.ndarray:
+            if exact and set(map(type, column)) != {numpy.ndarray}:
+                raise TypeError(column)
             # Rows this large have a shape (a 0-d row is one item).
             # concatenate is far cheaper than stack, and it checks every
             # dimension but the first: check that one (and the number of
@@ -95,27 +102,33 @@ def _write_unpadded(whole, layout, field, start, column):
             if set(map(_ndim, column)) != {len(capacity)} or \
                     set(map(len, column)) != {capacity[0]}:
                 raise ValueError(capacity)
+            # casting='no': of the rows' (native) dtype.
             numpy.concatenate(
                 column, out=dst.reshape((-1,) + capacity[1:]), casting='no')
         elif set(map(type, column)) == {_PLAIN.get(dtype.str)}:
             dst[...] = column   # Python ints or floats, unconverted
         else:
-            _convert_values(dst, dtype, column)
+            _convert_values(dst, dtype, column, exact)
     except (AttributeError, OverflowError, TypeError, ValueError):
         return None
     return out
 
 
-def _join_arrays(dst, capacity, column, layout, key):
+def _join_arrays(dst, capacity, column, layout, key, exact):
     """Copy arrays of exactly the rows' dtype and shape into ``dst``: one
     copy of all their bytes is far cheaper per example than concatenate
     or stack.  (Numpy scalars, of shape () too, are of another kind.)
-    Raises ValueError for values of another shape, kind or dtype."""
+    Raises ValueError for values of another shape, kind or dtype, and
+    (``exact``) for ndarray subclasses or arrays of the other byte order
+    (the rows' is native)."""
     if set(map(_shape, column)) != {capacity} or (
-            not capacity and set(map(type, column)) != {numpy.ndarray}):
+            (exact or not capacity) and
+            set(map(type, column)) != {numpy.ndarray}):
         raise ValueError(capacity)
     dtypes = set(map(_dtype, column))
     if dtypes != {dst.dtype}:
+        if exact:
+            raise ValueError(dtypes)
         # numpy.stack gives native byte order: arrays of the other order
         # are swapped, never mixed.  With padding concat_examples keeps
         # the first's order.
@@ -134,7 +147,7 @@ def _join_arrays(dst, capacity, column, layout, key):
         dst.reshape(-1)[...] = numpy.frombuffer(data, dtype=dst.dtype)
 
 
-def _convert_values(dst, dtype, column):
+def _convert_values(dst, dtype, column, exact):
     """Write values that are not arrays of the rows' dtype nor plain
     Python ints or floats into ``dst``.
 
@@ -144,10 +157,14 @@ def _convert_values(dst, dtype, column):
     batch; but a chunk may hold several batches (a group of them), each
     with its own dtype: those go one by one, each example checked.  So do
     scalars of one type and another dtype (Python ints beyond int64:
-    uint64 or float64 to numpy): TypeError.
+    uint64 or float64 to numpy): TypeError.  So do (``exact``) values
+    that would not come back from the rows as they were: lists, int
+    subclasses (enums).
     """
     types = set(map(type, column))
-    if len(types) != 1 or not issubclass(types.pop(), _SCALARS):
+    kind = types.pop() if len(types) == 1 else None
+    if kind is None or not issubclass(kind, _SCALARS) or exact and not (
+            kind in PYTHON_SCALARS or issubclass(kind, numpy.generic)):
         raise TypeError(types)
     values = numpy.asarray(column)
     if values.dtype != dtype or values.shape != dst.shape:
