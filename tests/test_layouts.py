@@ -154,6 +154,35 @@ def test_chunks_of_rows_shorter_than_the_field_are_read_apart():
     assert describe(stacked) == describe(concat_examples(batch))
 
 
+@pytest.mark.parametrize('exact', [False, True], ids=['stacked', 'list'])
+def test_a_group_of_buckets_written_apart_is_read_batch_by_batch(exact):
+    # A group's batches of several shapes and dtypes do not stack as one
+    # array; written apart (each batch a part from its first row, as a
+    # worker writes a task with cuts), each is read as its own, views of
+    # the slot.
+    pool = SlotPool(4, 3 * BATCH, True, None, None, exact=exact)
+    layout = fitted(pool, bucket(128, dtype=numpy.float64))
+    batches = [bucket(16, 0), bucket(128, 10, numpy.float64), bucket(32, 20)]
+    group = [(k * BATCH, batch) for k, batch in enumerate(batches)]
+    whole, results = write(layout, group)
+    cuts = tuple(start for start, _ in group)
+    stacked, examples, oversize = read.read_batch(whole, layout, results,
+                                                  cuts)
+    assert type(stacked) is read.Apart and examples is None
+    assert oversize == ()
+    assert len(stacked.batches) == 3
+    for got, batch in zip(stacked.batches, batches):
+        if exact:
+            assert [describe(x[:1]) + [x[1]] for x in got] == [
+                describe(x[:1]) + [x[1]] for x in batch]
+            got = concat_examples(got)
+        assert describe(got) == describe(concat_examples(batch))
+        assert got[0].base is whole or got[0].base.base is whole
+    # Without the cuts the group is no one batch: its examples.
+    stacked, examples, _ = read.read_batch(whole, layout, results)
+    assert stacked is None and len(examples) == 3 * BATCH
+
+
 def _ids(i, label):
     return [i, i + 1], label
 

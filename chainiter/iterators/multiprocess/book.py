@@ -34,6 +34,7 @@ class Batch:
         self.deaths = 0
         self.failure = None        # raised instead of the batch
         self.prepared = None       # (exporter, stacked): Pool._read_ahead
+        self.cuts = ()             # where a group's batches begin (Task)
 
 
 class _Held:
@@ -131,6 +132,7 @@ class Book:
         n_chunks = min(n, -(-self.n_workers // self.n_jobs_ahead)) \
             if self.split else 1
         batch = Batch(self.generation, seq, step, n_chunks, slot, buffers)
+        batch.cuts = cuts
         self.inflight[seq] = batch
         if self.failure is not None:
             return batch, []

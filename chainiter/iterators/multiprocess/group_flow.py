@@ -90,10 +90,15 @@ def arrive(it, group, batch, chunks=None):
             choose_group(it, per_batch)
     if group.stacked is None and batch.slot is not None:
         # Examples that differ among the batches (bucketed data, a
-        # changed dtype) do not stack as one: from now on each batch
-        # goes alone.  (A group that found no free slot, its batches
-        # held, came through the socket as it is.)
-        stop_grouping(it)
+        # changed dtype) do not stack as one: from now on the groups'
+        # batches are written apart, each read as its own
+        # (``read.Apart``); when a group written so does not stack
+        # either, each batch goes alone.  (A group that found no free
+        # slot, its batches held, came through the socket as it is.)
+        if group.apart:
+            stop_grouping(it)
+        else:
+            it._t.groups.apart = True
 
 
 def work_ahead(it, member):

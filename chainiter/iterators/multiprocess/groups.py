@@ -10,6 +10,7 @@ import typing
 from chainiter.dataset.stacked_examples import StackedExamples
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import stacked_read
+from chainiter.iterators.multiprocess.read import Apart
 from chainiter.iterators.multiprocess.reading import metas
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 
@@ -17,14 +18,15 @@ from chainiter.iterators.multiprocess.stacked_layout import Rows
 class Group:
     """Batches loaded as one: their steps, and once it has arrived, the
     rows (``stacked``) or examples of all of them, cut at ``bounds``."""
-    __slots__ = ('steps', 'seed', 'padded', 'handle', 'error', 'bounds',
-                 'arrived', 'taken', 'stacked', 'examples', 'by_copy',
-                 'tops', 'layout', '__weakref__')
+    __slots__ = ('steps', 'seed', 'padded', 'apart', 'handle', 'error',
+                 'bounds', 'arrived', 'taken', 'stacked', 'examples',
+                 'by_copy', 'tops', 'layout', '__weakref__')
 
-    def __init__(self, seed, padded):
+    def __init__(self, seed, padded, apart=False):
         self.steps = []
         self.seed = seed
         self.padded = padded
+        self.apart = apart      # its batches written apart (``Apart``)
         self.handle = None      # the pool's, once sent
         self.error = None       # what sending it raised (Pool.post)
         self.bounds = None      # where each batch begins, once sent
@@ -55,6 +57,11 @@ class Group:
         is cut (the slot is free once the user's arrays are gone)."""
         a, b = self.bounds[index], self.bounds[index + 1]
         last = index + 1 == len(self.steps)
+        if type(self.stacked) is Apart:
+            batch = self.stacked.batches[index]
+            if last:
+                self.stacked = None
+            return batch, None
         if self.stacked is not None:
             batch = rows(self.stacked, a, b)
             if self.tops is not None:
@@ -71,11 +78,13 @@ class Group:
     def task(self):
         """What the pool submits: the steps as one, the seed, where
         each batch begins when padded (padding pads each batch to its own
-        longest example: the workers then tell each batch's), and the
-        tasks it counts as (``maxtasksperchild``): its batches."""
+        longest example: the workers then tell each batch's) or
+        ``apart`` (each batch is read as its own: ``read.Apart``), and
+        the tasks it counts as (``maxtasksperchild``): its batches."""
         self.bounds = list(itertools.accumulate(
             (len(step) for step in self.steps), initial=0))
-        cuts = tuple(self.bounds[:-1]) if self.padded else ()
+        cuts = tuple(self.bounds[:-1]) if self.padded or self.apart \
+            else ()
         return Step.join(self.steps), self.seed, cuts, len(self.steps)
 
 
@@ -115,21 +124,24 @@ def rows(stacked, a, b):
 class Groups:
     """The iterator's groups: ``size`` batches go as one (1: each alone),
     ``open`` is the group being filled, ``ahead`` the next group whose
-    batch was taken from the pool ahead (``take_ahead``)."""
+    batch was taken from the pool ahead (``take_ahead``), ``apart``
+    whether the groups' batches are written apart (batches of several
+    shapes or dtypes came: ``read.Apart``)."""
 
-    __slots__ = ('size', 'open', 'ahead')
+    __slots__ = ('size', 'open', 'ahead', 'apart')
 
     def __init__(self):
         self.size = 1
         self.open = None
         self.ahead = None
+        self.apart = False
 
     def add(self, pool, step, seed, padded):
         """Put ``step`` in the open group (a new one if none); a full
         group is posted.  Returns its ``Member``."""
         group = self.open
         if group is None:
-            group = self.open = Group(seed, padded)
+            group = self.open = Group(seed, padded, self.apart)
         member = Member(group, len(group.steps))
         group.steps.append(step)
         if len(group.steps) == self.size:

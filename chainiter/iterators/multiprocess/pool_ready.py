@@ -118,7 +118,7 @@ class ReadyBatches:
             exporter = self.slots.exporter(batch)
             stacked, _, oversize = read.read_batch(
                 numpy.frombuffer(exporter, dtype=numpy.uint8),
-                batch.buffers.layout, chunks)
+                batch.buffers.layout, chunks, batch.cuts)
         except Exception:
             return      # the main thread reads it, and raises what it may
         if stacked is not None and not oversize:

@@ -17,17 +17,33 @@ class _AsIs(typing.NamedTuple):
     example: object
 
 
-def read_batch(base, layout, chunks):
-    """Read a batch from its slot (``base``) and the chunks' results.
+class Apart:
+    """A group's batches read each as its own stacked batch (``batches``,
+    in order): they are of several shapes or dtypes (bucketed data), so
+    they do not stack as one array."""
+    __slots__ = ('batches',)
+
+    def __init__(self, batches):
+        self.batches = batches
+
+
+def read_batch(base, layout, chunks, cuts=()):
+    """Read a batch from its slot (``base``) and the chunks' results;
+    ``cuts``: where each batch of a group written apart begins (``Task``).
 
     Returns ``(stacked, examples, oversize)``: ``stacked`` is the stacked
-    batch when every example went into its rows (stacked layout), else
-    None and ``examples`` lists the examples; ``oversize`` lists those that
-    came whole because they did not fit.
+    batch when every example went into its rows (stacked layout), or an
+    ``Apart`` of a group's batches, else None and ``examples`` lists the
+    examples; ``oversize`` lists those that came whole because they did
+    not fit.
     """
     if layout.mode == 'stacked':
         if all(type(chunk) is Rows for chunk in chunks):
             specs = one_array(layout, chunks)
+            if specs is None and cuts:
+                apart = _read_apart(base, layout, chunks, cuts)
+                if apart is not None:
+                    return apart, None, ()
             if specs is not None:       # the common case
                 n = sum(chunk.n for chunk in chunks)
                 tops = chunks[0].tops if len(chunks) == 1 else \
@@ -57,3 +73,34 @@ def read_batch(base, layout, chunks):
             meta.example if type(meta) in (Whole, _AsIs) else
             read_list_example(base, meta) for meta in metas]
     return None, examples, [m.example for m in metas if type(m) is Whole]
+
+
+def _read_apart(base, layout, chunks, cuts):
+    """The ``Apart`` batches of a group whose parts (``chunks``, all
+    ``Rows``, none straddling two batches) each batch's own rows hold,
+    or None when a batch's rows do not make one array per field."""
+    bounds = list(cuts) + [sum(chunk.n for chunk in chunks)]
+    batches = []
+    parts = []
+    row = 0
+    for chunk in chunks:
+        parts.append(chunk)
+        row += chunk.n
+        if row < bounds[len(batches) + 1]:
+            continue
+        start = bounds[len(batches)]
+        specs = one_array(layout, parts)
+        if specs is None or row != bounds[len(batches) + 1]:
+            return None
+        tops = parts[0].tops if len(parts) == 1 else \
+            tops_of(layout, parts)
+        stacked = read_stacked(base, layout, row - start, tops, specs,
+                               start)
+        if layout.exact:
+            kinds = listed_kinds(layout, parts)
+            if kinds is None:
+                return None
+            stacked = example_list(stacked, layout, kinds, parts)
+        batches.append(stacked)
+        parts = []
+    return Apart(batches)

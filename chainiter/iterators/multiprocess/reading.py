@@ -54,7 +54,8 @@ def read(pool, batch, chunks, fitting):
         return None, examples, True, slot_bytes
     layout = batch.buffers.layout
     stacked, examples, oversize = read_batch(
-        numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks)
+        numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks,
+        batch.cuts)
     if stacked is not None:
         return stacked, None, False, None
     slot_bytes = None

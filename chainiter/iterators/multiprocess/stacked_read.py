@@ -130,18 +130,19 @@ def cut_to(stacked, layout, tops):
     return _structured(layout, values)
 
 
-def read_stacked(base, layout, n, tops, specs):
-    """The stacked batch of ``n`` rows as views of ``base`` (the slot's
-    bytes); ``tops`` gives the batch's largest shape of padded fields and
-    ``specs`` the rows' dtype and shape of the others."""
+def read_stacked(base, layout, n, tops, specs, start=0):
+    """The stacked batch of ``n`` rows from row ``start`` as views of
+    ``base`` (the slot's bytes); ``tops`` gives the batch's largest shape
+    of padded fields and ``specs`` the rows' dtype and shape of the
+    others."""
     out = []
     for i, (field, spec) in enumerate(zip(layout.fields, specs)):
+        offset = field.offset + start * field.row_bytes
         if spec is not None:
-            out.append(numpy.ndarray((n,) + spec[1], spec[0], base,
-                                     field.offset))
+            out.append(numpy.ndarray((n,) + spec[1], spec[0], base, offset))
             continue
         rows = numpy.ndarray((n,) + field.capacity, field.dtype, base,
-                             field.offset)
+                             offset)
         top = tops.get(i)
         if top is not None and top != field.capacity:
             rows = rows[(slice(None),) + tuple(slice(t) for t in top)]

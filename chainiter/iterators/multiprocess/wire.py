@@ -40,7 +40,8 @@ class Task(typing.NamedTuple):
     seed: int               # keys example_rng()
     # Rows of the batch where each of the batches of a group begins, when
     # the worker must write them apart (a padded field's largest shape is
-    # each batch's own); else empty.
+    # each batch's own; batches of several shapes or dtypes are each
+    # read as their own); else empty.
     cuts: tuple = ()
     # The tasks it counts as against ``maxtasksperchild``: a group's, as
     # many as its batches.
