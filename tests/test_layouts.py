@@ -9,7 +9,7 @@ import numpy
 import pytest
 
 from chainiter import concat_examples
-from chainiter.iterators.multiprocess import read, stacked_layout
+from chainiter.iterators.multiprocess import read, sinks, stacked_layout
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
 from chainiter.iterators.multiprocess.example_rows import (
@@ -181,6 +181,33 @@ def test_a_group_of_buckets_written_apart_is_read_batch_by_batch(exact):
     # Without the cuts the group is no one batch: its examples.
     stacked, examples, _ = read.read_batch(whole, layout, results)
     assert stacked is None and len(examples) == 3 * BATCH
+
+
+@pytest.mark.parametrize('lengths', [(16,) * 4, (1024,) * 4,
+                                     (16, 16, 1024, 16)],
+                         ids=['small', 'large', 'small-then-large'])
+def test_rows_to_stream_take_small_examples_as_a_chunk(lengths):
+    # Rows of 32 KB (the longest bucket) stream large examples into the
+    # slot as each is loaded, and collect a task of small ones (the
+    # shorter buckets) to write as a chunk; a chunk whose examples
+    # differ is written one by one.  Every way reads back as the batch.
+    pool = slots()
+    layout = fitted(pool, bucket(1024))
+    assert stacked_layout.row_bytes(layout) >= sinks._STREAM_BYTES
+    batch = [(numpy.full((n, 8), j, numpy.float32), j)
+             for j, n in enumerate(lengths)]
+    whole = numpy.zeros(layout.slot_bytes, dtype=numpy.uint8)
+    sink = sinks.sink_for(whole, layout, 0)
+    for example in batch:
+        sink.append(example)
+    assert len(sink) == BATCH
+    stacked, examples, _ = read.read_batch(whole, layout, [sink.result()])
+    if len(set(lengths)) == 1:
+        assert describe(stacked) == describe(concat_examples(batch))
+    else:
+        assert stacked is None
+        assert [describe(e[:1]) + [e[1]] for e in examples] == [
+            describe(e[:1]) + [e[1]] for e in batch]
 
 
 def _ids(i, label):
