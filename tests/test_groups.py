@@ -474,7 +474,8 @@ def test_a_view_of_a_grouped_batch_a_forked_child_holds_is_kept(method):
         assert verdict()
 
 
-def test_forks_keep_only_the_slots_of_batches_handed_out(method):
+@pytest.mark.parametrize('data', ['uniform', 'bucketed'])
+def test_forks_keep_only_the_slots_of_batches_handed_out(method, data):
     # A fork retires the slots that arrays handed out view (the child may
     # read them): the batches loaded ahead and read by the receiver
     # thread were not handed out, and the group that the iterator hands
@@ -482,10 +483,18 @@ def test_forks_keep_only_the_slots_of_batches_handed_out(method):
     # child drops.  A fork for each evaluation (Chainer's Evaluator copies
     # the iterator; a fork iterator forks its launcher) while the user
     # holds no batch must keep no slot, and no descriptor: their counts
-    # must not grow with the number of forks.
-    dataset = _dataset('tuple')
-    expected = _expected(dataset, 120, shuffle=True, seed=2)
-    with _mp(dataset, method, shuffle=True, seed=2) as it:
+    # must not grow with the number of forks.  Bucketed: groups whose
+    # batches are read apart (each batch its own arrays).
+    if data == 'uniform':
+        dataset = _dataset('tuple')
+        order = dict(shuffle=True, seed=2)
+    else:
+        # The longest first: no batch outgrows the buffers, so none
+        # comes by copy, and the second tells that shapes change.
+        dataset = helpers.Bucketed(5 * 160, 5, lengths=(9, 3, 6))
+        order = dict(shuffle=False)
+    expected = _expected(dataset, 120, **order)
+    with _mp(dataset, method, **order) as it:
         got = [fingerprint(next(it)) for _ in range(50)]
         assert it.stats['batches_per_task'] == 4
         counts = []
@@ -502,6 +511,7 @@ def test_forks_keep_only_the_slots_of_batches_handed_out(method):
             os.waitpid(pid, 0)
             counts.append((len(os.listdir('/proc/self/fd')),) +
                           helpers.mapped_buffers())
+        assert it.stats['by_copy'] == 1      # the first batch only
     assert got == expected
     # (descriptors, slots mapped, slots' descriptors) after each fork:
     # a slot or two more as the pipeline may use, not one a fork (which

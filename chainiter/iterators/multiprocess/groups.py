@@ -58,7 +58,9 @@ class Group:
         a, b = self.bounds[index], self.bounds[index + 1]
         last = index + 1 == len(self.steps)
         if type(self.stacked) is Apart:
-            batch = self.stacked.batches[index]
+            # New views: the user's arrays are never those the iterator
+            # keeps (``slot_state.kept_only`` tells them apart).
+            batch = rows(self.stacked.batches[index], 0, b - a)
             if last:
                 self.stacked = None
             return batch, None
@@ -126,15 +128,34 @@ class Groups:
     ``open`` is the group being filled, ``ahead`` the next group whose
     batch was taken from the pool ahead (``take_ahead``), ``apart``
     whether the groups' batches are written apart (batches of several
-    shapes or dtypes came: ``read.Apart``)."""
+    shapes or dtypes came: ``read.Apart``), ``seen`` the shapes and
+    dtypes of the last batch that went alone."""
 
-    __slots__ = ('size', 'open', 'ahead', 'apart')
+    __slots__ = ('size', 'open', 'ahead', 'apart', 'seen')
 
     def __init__(self):
         self.size = 1
         self.open = None
         self.ahead = None
         self.apart = False
+        self.seen = None
+
+    def saw(self, stacked):
+        """A batch that went alone was read as ``stacked``: batches of
+        several shapes or dtypes (bucketed data) make the groups, once
+        they begin, go apart from the first (a group that mixes them
+        would come by copy, and so would every group in flight with
+        it)."""
+        if self.apart:
+            return
+        if type(stacked) is StackedExamples:
+            stacked = stacked.stacked
+        arrays = stacked.values() if type(stacked) is dict else \
+            stacked if type(stacked) is tuple else (stacked,)
+        seen = [(a.shape[1:], a.dtype) for a in arrays]
+        if self.seen is not None and seen != self.seen:
+            self.apart = True
+        self.seen = seen
 
     def add(self, pool, step, seed, padded):
         """Put ``step`` in the open group (a new one if none); a full

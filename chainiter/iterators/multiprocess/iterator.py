@@ -269,6 +269,7 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
         if slot_bytes is not None:
             self._tune_depth(slot_bytes)
         if stacked is not None:
+            self._t.groups.saw(stacked)
             grouping = self._t.grouping
             if grouping.groupable:
                 per_batch = grouping.batch_stacked(

@@ -8,6 +8,8 @@ import sys
 
 import numpy
 
+from chainiter.iterators.multiprocess.read import Apart
+
 
 class Slot:
     __slots__ = ('exporter', 'index', 'kept', 'owner', 'shared')
@@ -35,22 +37,25 @@ class Buffers:
 
 
 def kept_only(slot, exporter):
-    """Whether the arrays that the iterator keeps (``keep``) are all that
-    view ``exporter``, the slot's hand-out: no array of the user's does.
+    """Whether the arrays that the iterator keeps (``keep``: a stacked
+    batch, or the batches of an ``Apart`` group) are all that view
+    ``exporter``, the slot's hand-out: no array of the user's does.
     Each array read from a slot, and each view of one (numpy makes its
     base the first array that owns no data of its own), has for base the
     one uint8 array of the exporter's bytes: references to that, beyond
     the kept arrays', are arrays held elsewhere (or views of them)."""
     holder = slot.kept() if slot.kept is not None else None
     stacked = None if holder is None else holder.stacked
-    if type(stacked) is dict:
-        arrays = list(stacked.values())
-    elif type(stacked) is tuple:
-        arrays = list(stacked)
-    elif type(stacked) is numpy.ndarray:
-        arrays = [stacked]
-    else:
-        return False
+    arrays = []
+    for batch in stacked.batches if type(stacked) is Apart else [stacked]:
+        if type(batch) is dict:
+            arrays.extend(batch.values())
+        elif type(batch) is tuple:
+            arrays.extend(batch)
+        elif type(batch) is numpy.ndarray:
+            arrays.append(batch)
+        else:
+            return False
     base = arrays[0].base
     if type(base) is not numpy.ndarray or base.base is not exporter or \
             any(type(a) is not numpy.ndarray or a.base is not base
