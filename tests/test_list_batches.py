@@ -239,9 +239,10 @@ def test_bucketed_list_batches_stay_unpadded_after_a_mixed_group(method):
     # A group of batches of several buckets does not stack as one array:
     # the groups go on in parts, as with concat_examples, each batch read
     # as its own; each batch is of one shape, so its rows need no padding
-    # and concat_examples of it is the workers' rows.  (The group's mixed shapes made the rows padded to
-    # the largest of every dimension from then on: each example written
-    # alone, and concat_examples stacking the batch anew.)
+    # and concat_examples of it is the workers' rows.  (The group's mixed
+    # shapes made the rows padded to the largest of every dimension from
+    # then on: each example written alone, and concat_examples stacking
+    # the batch anew.)
     with SerialIterator(_Buckets(), 5, order_sampler=_Blocks(0)) as ref:
         expected = [list(next(ref)) for _ in range(240)]
     got, stacked, grouped = [], [], []

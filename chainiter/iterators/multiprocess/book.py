@@ -23,7 +23,8 @@ MAX_DEATHS_PER_BATCH = 3
 
 
 class Batch:
-    def __init__(self, generation, seq, step, n_chunks, slot, buffers):
+    def __init__(self, generation, seq, step, n_chunks, slot, buffers,
+                 cuts=()):
         self.generation = generation
         self.seq = seq
         self.step = step
@@ -34,7 +35,7 @@ class Batch:
         self.deaths = 0
         self.failure = None        # raised instead of the batch
         self.prepared = None       # (exporter, stacked): Pool._read_ahead
-        self.cuts = ()             # where a group's batches begin (Task)
+        self.cuts = cuts           # where a group's batches begin (Task)
 
 
 class _Held:
@@ -131,8 +132,8 @@ class Book:
         # flight.
         n_chunks = min(n, -(-self.n_workers // self.n_jobs_ahead)) \
             if self.split else 1
-        batch = Batch(self.generation, seq, step, n_chunks, slot, buffers)
-        batch.cuts = cuts
+        batch = Batch(self.generation, seq, step, n_chunks, slot, buffers,
+                      cuts)
         self.inflight[seq] = batch
         if self.failure is not None:
             return batch, []

@@ -10,7 +10,7 @@ import typing
 from chainiter.dataset.stacked_examples import StackedExamples
 from chainiter.iterators._state import Step
 from chainiter.iterators.multiprocess import stacked_read
-from chainiter.iterators.multiprocess.read import Apart
+from chainiter.iterators.multiprocess.read import Apart, stacked_arrays
 from chainiter.iterators.multiprocess.reading import metas
 from chainiter.iterators.multiprocess.stacked_layout import Rows
 
@@ -150,9 +150,8 @@ class Groups:
             return
         if type(stacked) is StackedExamples:
             stacked = stacked.stacked
-        arrays = stacked.values() if type(stacked) is dict else \
-            stacked if type(stacked) is tuple else (stacked,)
-        seen = [(a.shape[1:], a.dtype) for a in arrays]
+        seen = [(a.shape[1:], a.dtype)
+                for a in stacked_arrays(stacked) or ()]
         if self.seen is not None and seen != self.seen:
             self.apart = True
         self.seen = seen

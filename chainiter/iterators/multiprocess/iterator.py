@@ -269,9 +269,9 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
         if slot_bytes is not None:
             self._tune_depth(slot_bytes)
         if stacked is not None:
-            self._t.groups.saw(stacked)
             grouping = self._t.grouping
             if grouping.groupable:
+                self._t.groups.saw(stacked)
                 per_batch = grouping.batch_stacked(
                     len(batch.step), self._t.pool.book.meter.sample)
                 if per_batch is not None:

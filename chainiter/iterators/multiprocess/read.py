@@ -2,6 +2,8 @@
 
 import typing
 
+import numpy
+
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.list_layout import (
     UniformRows, read_list_chunk, read_list_example)
@@ -25,6 +27,18 @@ class Apart:
 
     def __init__(self, batches):
         self.batches = batches
+
+
+def stacked_arrays(stacked):
+    """The arrays of a stacked batch (a dict, a tuple or one array), as a
+    list; None for anything else."""
+    if type(stacked) is dict:
+        return list(stacked.values())
+    if type(stacked) is tuple:
+        return list(stacked)
+    if type(stacked) is numpy.ndarray:
+        return [stacked]
+    return None
 
 
 def read_batch(base, layout, chunks, cuts=()):

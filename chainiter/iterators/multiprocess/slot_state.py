@@ -8,7 +8,7 @@ import sys
 
 import numpy
 
-from chainiter.iterators.multiprocess.read import Apart
+from chainiter.iterators.multiprocess.read import Apart, stacked_arrays
 
 
 class Slot:
@@ -48,14 +48,10 @@ def kept_only(slot, exporter):
     stacked = None if holder is None else holder.stacked
     arrays = []
     for batch in stacked.batches if type(stacked) is Apart else [stacked]:
-        if type(batch) is dict:
-            arrays.extend(batch.values())
-        elif type(batch) is tuple:
-            arrays.extend(batch)
-        elif type(batch) is numpy.ndarray:
-            arrays.append(batch)
-        else:
+        these = stacked_arrays(batch)
+        if these is None:
             return False
+        arrays.extend(these)
     base = arrays[0].base
     if type(base) is not numpy.ndarray or base.base is not exporter or \
             any(type(a) is not numpy.ndarray or a.base is not base
