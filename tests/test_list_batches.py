@@ -14,7 +14,9 @@ import warnings
 import numpy
 import pytest
 
-from chainiter import MultiprocessIterator, SerialIterator, concat_examples
+from chainiter import (
+    DevicePrefetcher, MultiprocessIterator, SerialIterator, concat_examples,
+    to_device)
 from chainiter.dataset.stacked_examples import StackedExamples
 
 from helpers import fingerprint
@@ -73,12 +75,29 @@ class Kinds:
             return numpy.arange(1 + i % 5, dtype=numpy.int64) * i
         if kind == 'strings':
             return x.copy(), 'example {}'.format(i)
+        # A field that is an array in some examples and a Python value in
+        # others: each example comes back as it was.
+        if kind == 'label-or-none':
+            return x.copy(), None if i % 11 == 3 else i
+        if kind == 'int-or-0d':
+            return x.copy(), numpy.array(i) if i % 3 else i
+        if kind == 'array-or-values':
+            return (x.copy() if i % 13 else [i, 'x']), numpy.float32(i)
+        if kind == 'ragged-2d-or-none':
+            return numpy.full((1 + i % 3, 1 + i % 4), i,
+                              dtype=numpy.float32) if i % 17 != 5 else \
+                None, i
+        if kind == 'key-order':
+            # Dicts of the same keys in two orders, each kept.
+            pairs = [('x', x.copy()), ('y', i)]
+            return dict(pairs[::-1] if i % 4 == 1 else pairs)
         raise ValueError(kind)
 
 
 KINDS = ['tuple', 'dict', 'array', 'int', 'scalars', 'namedtuple', 'nested',
          'list-field', 'enum', 'big-endian', 'mixed', 'strings', 'ragged',
-         'ragged-2d', 'ragged-single']
+         'ragged-2d', 'ragged-single', 'label-or-none', 'int-or-0d',
+         'array-or-values', 'ragged-2d-or-none', 'key-order']
 
 
 @pytest.fixture(autouse=True)
@@ -286,3 +305,28 @@ def test_list_batches_that_turn_ragged_warn_of_nothing(method):
         got = [fingerprint(list(next(it))) for _ in range(8)]
     assert got == expected
     assert [str(w.message) for w in record] == []
+
+
+def test_list_batches_go_to_a_device_as_lists(method):
+    """``to_device``, ``concat_examples(device=...)`` and a
+    ``DevicePrefetcher`` take a list batch as they take a list."""
+    dataset = Kinds('tuple')
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              start_method=method) as it:
+        for i in range(6):
+            batch = next(it)
+            as_list = list(batch)
+            for device in (-1, '@numpy'):
+                sent = to_device(device, batch)
+                assert type(sent) is list
+                assert fingerprint(sent) == fingerprint(as_list)
+                assert fingerprint(concat_examples(batch, device)) == \
+                    fingerprint(concat_examples(as_list, device))
+        assert type(batch) is StackedExamples   # the case in question
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 5, shuffle=False) as serial, \
+            DevicePrefetcher(it, -1, converter=list) as prefetcher:
+        for i in range(6):
+            assert fingerprint(next(prefetcher)) == \
+                fingerprint(next(serial))

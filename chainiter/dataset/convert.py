@@ -52,7 +52,8 @@ def _send(destination, x, what=''):
     if destination is None:
         return x
     if isinstance(x, (list, tuple)):
-        return type(x)(_send(destination, item, what) for item in x)
+        return _sequence_like(x, [_send(destination, item, what)
+                                  for item in x])
     if isinstance(x, dict):
         return {key: _send(destination, value, what)
                 for key, value in x.items()}
@@ -70,6 +71,21 @@ def _send(destination, x, what=''):
     if isinstance(x, numpy.ndarray) or cuda.is_gpu_array(x):
         return cuda.to_gpu(x, destination)
     return x
+
+
+def _sequence_like(x, items):
+    """``items`` in a sequence of the type of ``x``: a list batch of a
+    ``MultiprocessIterator`` (a ``StackedExamples``, whose arrays the
+    items no longer are) becomes a plain list, as it does when copied or
+    pickled; a namedtuple takes the items as its fields."""
+    kind = type(x)
+    if kind is list or kind is StackedExamples:
+        return items
+    if kind is tuple:
+        return tuple(items)
+    if isinstance(x, tuple) and hasattr(kind, '_fields'):
+        return kind(*items)
+    return kind(items)
 
 
 def _describe(example):

@@ -20,17 +20,23 @@ _EXACT = frozenset((numpy.ndarray, bool, int, float, complex))
 
 def exact_columns(columns):
     """Whether every value of ``columns`` comes back from its row as it
-    was (``restored``): an ndarray of native byte order, a numpy scalar,
-    or a Python bool, int, float or complex.  Not a list (it would come
+    was (``restored``): each column of one type, either ndarrays of one
+    dtype in native byte order, numpy scalars of one dtype, or Python
+    bools, ints, floats or complex numbers.  Not a list (it would come
     back a list of another type, or a tuple as a list), an int subclass
-    (an enum) or an array of the other byte order."""
+    (an enum), an array of the other byte order, nor a column that mixes
+    kinds (a 0-d array beside an int, None beside arrays, an int beside
+    a float: the row would give them back of one kind)."""
     for column in columns:
         types = set(map(type, column))
-        if numpy.ndarray in types and not all(
-                d.isnative for d in set(map(_dtype, column))):
+        if len(types) != 1:
             return False
-        if not types <= _EXACT and not all(
-                issubclass(t, numpy.generic) for t in types - _EXACT):
+        kind, = types
+        if kind is numpy.ndarray or issubclass(kind, numpy.generic):
+            dtypes = set(map(_dtype, column))
+            if len(dtypes) != 1 or not next(iter(dtypes)).isnative:
+                return False
+        elif kind not in _EXACT:
             return False
     return True
 
@@ -38,7 +44,7 @@ def exact_columns(columns):
 def exact_examples(examples):
     """Whether every example of a batch would come back from stacked
     rows as it was (``Layout.exact``): tuples of one length, dicts of
-    the same keys, or bare values, of the types ``exact_columns``
+    the same keys in the same order, or bare values, of the types ``exact_columns``
     takes."""
     types = set(map(type, examples))
     if types == {tuple}:
@@ -46,8 +52,9 @@ def exact_examples(examples):
             return False
         columns = list(zip(*examples))
     elif types == {dict}:
-        keys = examples[0].keys()
-        if any(example.keys() != keys for example in examples):
+        # Each dict comes back in the order of the rows' keys.
+        keys = list(examples[0])
+        if any(list(example) != keys for example in examples):
             return False
         columns = [[example[key] for example in examples] for key in keys]
     elif any(isinstance(example, (tuple, dict)) for example in examples):

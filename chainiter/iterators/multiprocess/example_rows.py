@@ -47,8 +47,10 @@ def _any_value(layout, example, key):
             raise KeyError(key)
         return example[key]
     if layout.structure == 'dict':
-        if not isinstance(example, dict) or example.keys() != {
-                f.key for f in layout.fields}:
+        # The keys in the rows' order: a dict read back from the rows, or
+        # stacked from them, has that order.
+        if not isinstance(example, dict) or tuple(example) != tuple(
+                f.key for f in layout.fields):
             raise KeyError(key)
         return example[key]
     if isinstance(example, (tuple, dict)):

@@ -282,14 +282,14 @@ def example_columns(layout, examples):
             return None
         return list(zip(*examples))
     if layout.structure == 'dict':
-        keys = [f.key for f in layout.fields]
+        # The keys in the rows' order, as each example read back from the
+        # rows has them, and as concat_examples orders the stacked dict
+        # (the first example's).
+        keys = tuple(f.key for f in layout.fields)
         if set(map(type, examples)) != {dict} or \
-                set(map(len, examples)) != {len(keys)}:
+                set(map(tuple, examples)) != {keys}:
             return None
-        try:
-            return [[e[k] for e in examples] for k in keys]
-        except KeyError:
-            return None
+        return [[e[k] for e in examples] for k in keys]
     if set(map(type, examples)) != {numpy.ndarray} and any(
             isinstance(e, (tuple, dict)) for e in examples):
         return None

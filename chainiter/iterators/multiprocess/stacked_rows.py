@@ -200,16 +200,15 @@ def _write_padded_nd(dst, pad, column, with_shapes):
     or None)``, or None when a value does not fit."""
     capacity = dst.shape[1:]
     dtype = dst.dtype
-    shapes = list(map(_shape, column)) if with_shapes else None
     top = None
     for row, value in enumerate(column):
         if type(value) is not numpy.ndarray or value.dtype != dtype or \
                 value.ndim != len(capacity) or any(
                     a > b for a, b in zip(value.shape, capacity)):
-            return None
+            return None     # None or a Python value among them, too
         target = dst[row]
         target.fill(pad)
         target[tuple(slice(d) for d in value.shape)] = value
         top = value.shape if top is None else tuple(
             map(max, top, value.shape))
-    return top, shapes
+    return top, list(map(_shape, column)) if with_shapes else None
