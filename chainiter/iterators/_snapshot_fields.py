@@ -67,7 +67,8 @@ def check_shard_fields(serializer):
     global_batch = field(serializer, 'global_batch_size')
     if (size is None) != (global_batch is None):
         raise SnapshotMismatchError(
-            'the snapshot has {} but not {}; it is corrupt'.format(
+            'the snapshot has {!r} but not {!r}: it is corrupt, or lost '
+            'a field on the way'.format(
                 *(('shard_size', 'global_batch_size') if
                   global_batch is None else
                   ('global_batch_size', 'shard_size'))))
