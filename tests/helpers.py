@@ -1164,3 +1164,32 @@ def fork_reader(value):
         os.close(result_r)
         return same == b'1'
     return verdict
+
+
+class RaisesOnce:
+    """A converter: ``concat_examples``, but its call number ``at`` (from
+    0) raises ``error`` instead, once."""
+
+    def __init__(self, at, error):
+        self.at, self.error, self.calls = at, error, 0
+
+    def __call__(self, batch, *args, **kwargs):
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.at:
+            raise self.error('converter call {}'.format(call))
+        return chainiter.concat_examples(batch, *args, **kwargs)
+
+
+class InterruptsOnce(AugmentedDataset):
+    """``AugmentedDataset`` whose example ``index`` raises
+    KeyboardInterrupt the first time it is loaded (in this process)."""
+
+    def __init__(self, n, index):
+        super().__init__(n)
+        self.index, self.raised = index, False
+
+    def __getitem__(self, i):
+        if i == self.index and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
