@@ -256,3 +256,17 @@ def test_a_value_that_does_not_convert_losslessly_is_named():
                                match="'order_sampler/keys'.*{}".format(
                                    bad)):
                 it.load_state_dict(state)
+
+
+def test_an_empty_order_through_json_loads():
+    # json gives [] back as an empty float64 array.
+    def make():
+        return SerialIterator([], 2, repeat=False, order_sampler=(
+            ShuffleOrderSampler(numpy.random.RandomState(0))))
+    with make() as source:
+        state = through_json(source.state_dict())
+    assert state['order'] == []
+    with make() as it:
+        it.load_state_dict(state)
+        assert list(it) == []
+        assert it.state_dict()['order'].dtype.kind == 'i'

@@ -36,6 +36,8 @@ def check_order(order, n, permutation):
     ``permutation`` of ``range(n)`` for a seeded shuffle's."""
     if order.ndim == 0 and order.dtype == object:
         return None   # Chainer writes None as a 0-d object array
+    if order.shape == (0,):
+        order = order.astype(numpy.intp)   # [] read back from JSON: floats
     if order.ndim != 1 or order.dtype.kind not in 'iu':
         raise SnapshotMismatchError(
             'the snapshot\'s order must be a 1-d array of integers, got '
