@@ -47,9 +47,12 @@ FORMAT_VERSION = 3
 #: The fields that every snapshot of a format version holds, whatever
 #: iterator wrote it (the order, an order sampler's state and the shard
 #: fields depend on the iterator): one that lacks one of them lost it on
-#: the way (2 added ``reset_count``).
+#: the way (2 added ``reset_count``).  ``previous_epoch_detail`` is
+#: written too, but may be missing, as in Chainer, which guesses it (its
+#: own test of old snapshots deletes it from what our iterator wrote): the
+#: batches do not depend on it.
 _WRITTEN_BY_VERSION_1 = ('current_position', 'epoch', 'is_new_epoch',
-                         'previous_epoch_detail', 'seed', 'dataset_length')
+                         'seed', 'dataset_length')
 WRITTEN_BY_EVERY: Dict[int, Tuple[str, ...]] = {
     1: _WRITTEN_BY_VERSION_1,
     2: _WRITTEN_BY_VERSION_1 + ('reset_count',),
