@@ -155,7 +155,6 @@ def _converted(stored, dtype, key):
             dtype.kind in 'fc' and numpy.can_cast(stored.dtype, dtype,
                                                   'same_kind')):
         return stored
-    converted = None
     if stored.dtype.kind in 'biuf' and dtype.kind in 'biufc':
         with numpy.errstate(all='ignore'):
             converted = stored.astype(dtype)
