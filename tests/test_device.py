@@ -319,6 +319,29 @@ def test_prefetcher_over_host_iterators_keeps_every_value(fake, kind):
             assert same(on_host(out), concat_examples(next(ref)))
 
 
+@pytest.mark.parametrize('error', [KeyboardInterrupt, ArithmeticError])
+@pytest.mark.parametrize('at', [0, 2, 5])
+def test_prefetcher_to_a_gpu_call_that_raises_keeps_every_batch(
+        fake, at, error):
+    """As on the host, with copies issued and handed out (and dropped when
+    the batches fetched ahead are fetched again)."""
+    dataset = Examples(50, 'tuple')
+    with DevicePrefetcher(SerialIterator(dataset, 4, seed=7), 0, depth=3,
+                          converter=RaisesOnce(at, error)) as it, \
+            SerialIterator(dataset, 4, seed=7) as ref:
+        outs, raised = [], 0
+        while len(outs) < 12:
+            position = (it.epoch, it.current_position)
+            try:
+                outs.append(next(it))
+            except error:
+                raised += 1
+                assert (it.epoch, it.current_position) == position
+        assert raised == 1
+        for out in outs:
+            assert same(on_host(out), concat_examples(next(ref)))
+
+
 def test_prefetcher_copies_straight_from_shared_memory(fake, method):
     """Stacked batches of a MultiprocessIterator are page-locked where they
     lie and copied from there; finalize() releases every registration."""
