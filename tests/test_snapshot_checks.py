@@ -209,6 +209,9 @@ def _assert_every_lost_key_resumes_or_is_named(make, ordering, via):
             next(it)
         state = via(it.state_dict())
         expected = _rest(it)
+    with make(dataset, 4, **ORDERINGS[ordering](8)) as target:
+        target.load_state_dict(state)       # whole, it resumes
+        assert _rest(target) == expected
     named, problems = [], []
     for key in state:
         lost = {k: v for k, v in state.items() if k != key}
