@@ -185,6 +185,15 @@ def test_a_fresh_state_dict_has_every_key_of_a_later_one_multiprocess(
     assert all(s == structures[0] for s in structures), structures
 
 
+@pytest.mark.parametrize('ordering', sorted(ORDERINGS))
+def test_a_fresh_state_dict_has_every_key_of_a_later_one_prefetched(
+        ordering):
+    with chainiter.DevicePrefetcher(SerialIterator(
+            AugmentedDataset(10), 4, **ORDERINGS[ordering](7))) as it:
+        structures = list(_structures_along_a_run(it))
+    assert all(s == structures[0] for s in structures), structures
+
+
 def _rest(it, n=6):
     """Up to ``n`` more batches, as fingerprints."""
     out = []
