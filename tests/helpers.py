@@ -2,6 +2,7 @@
 
 import functools
 import io
+import json
 import os
 import types
 
@@ -54,12 +55,23 @@ def take(iterator, n):
 
 
 def snapshot(iterator, via):
-    """The iterator's snapshot, through an npz file or a state dict."""
+    """The iterator's snapshot, through an npz file, a state dict, or a
+    state dict passed through JSON (its arrays come back as lists, its
+    numpy scalars as Python numbers)."""
     if via == 'npz':
         f = io.BytesIO()
         chainiter.serializers.save_npz(f, iterator)
         return f.getvalue()
+    if via == 'json':
+        return through_json(iterator.state_dict())
     return iterator.state_dict()
+
+
+def through_json(state):
+    """``state`` (a state dict) written as JSON and read back."""
+    return json.loads(json.dumps({
+        key: value.tolist() if isinstance(value, numpy.ndarray) else value
+        for key, value in state.items()}))
 
 
 def restore(iterator, data, via):
@@ -74,13 +86,13 @@ def assert_resume_equivalent(make_source, make_targets, n_steps):
     """Snapshot ``make_source()`` before every step of an ``n_steps`` run,
     restore each snapshot into a fresh iterator from every factory in
     ``make_targets``, and check that the rest of the stream is byte for
-    byte the uninterrupted one.  Snapshots alternate between npz files and
-    state dicts."""
+    byte the uninterrupted one.  Snapshots go in turn through npz files,
+    state dicts and state dicts passed through JSON."""
     with make_source() as reference:
         expected = take(reference, n_steps)
     with make_source() as source:
         for k in range(n_steps):
-            via = 'npz' if k % 2 == 0 else 'dict'
+            via = ('npz', 'dict', 'json')[k % 3]
             data = snapshot(source, via)
             for make_target in make_targets:
                 with make_target() as target:
@@ -1152,3 +1164,32 @@ def fork_reader(value):
         os.close(result_r)
         return same == b'1'
     return verdict
+
+
+class RaisesOnce:
+    """A converter: ``concat_examples``, but its call number ``at`` (from
+    0) raises ``error`` instead, once."""
+
+    def __init__(self, at, error):
+        self.at, self.error, self.calls = at, error, 0
+
+    def __call__(self, batch, *args, **kwargs):
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.at:
+            raise self.error('converter call {}'.format(call))
+        return chainiter.concat_examples(batch, *args, **kwargs)
+
+
+class InterruptsOnce(AugmentedDataset):
+    """``AugmentedDataset`` whose example ``index`` raises
+    KeyboardInterrupt the first time it is loaded (in this process)."""
+
+    def __init__(self, n, index):
+        super().__init__(n)
+        self.index, self.raised = index, False
+
+    def __getitem__(self, i):
+        if i == self.index and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+        return super().__getitem__(i)

@@ -2,7 +2,9 @@
 GPU are present (marked ``gpu``; run with ``python -m pytest -m gpu``)."""
 
 
+import functools
 import gc
+import io
 import subprocess
 import sys
 import textwrap
@@ -26,6 +28,9 @@ from fake_cupy import FakeCupy
 from helpers import (
     AugmentedDataset,
     Examples,
+    Failing,
+    InterruptsOnce,
+    RaisesOnce,
     assert_resume_equivalent,
     fingerprint,
     mapped_buffers,
@@ -96,6 +101,108 @@ def test_prefetcher_snapshot_loads_into_a_plain_iterator():
     with SerialIterator(dataset, 3) as plain:
         plain.load_state_dict(state)
         assert [list(map(int, next(plain))) for _ in range(3)] == expected
+
+
+def _through_raises(it, n, error):
+    """``n`` batches from ``it`` (fingerprints), calling again after each
+    ``error``; each call that raises must leave the position, the
+    attributes and the snapshot as they were.  Returns the batches and
+    how many calls raised."""
+    got, raised = [], 0
+    while len(got) < n:
+        before = ([getattr(it, name) for name in (
+            'epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
+            'previous_epoch_detail')], it.state_dict())
+        try:
+            got.append(fingerprint(next(it)))
+        except error:
+            raised += 1
+            after = ([getattr(it, name) for name in (
+                'epoch', 'current_position', 'is_new_epoch', 'epoch_detail',
+                'previous_epoch_detail')], it.state_dict())
+            assert after[0] == before[0]
+            assert after[1].keys() == before[1].keys()
+            for key in before[1]:
+                numpy.testing.assert_array_equal(after[1][key],
+                                                 before[1][key])
+    return got, raised
+
+
+def _expected(dataset, n, **kwargs):
+    with SerialIterator(dataset, BATCH, **kwargs) as ref:
+        return [fingerprint(concat_examples(next(ref))) for _ in range(n)]
+
+
+@pytest.mark.parametrize('error', [KeyboardInterrupt, ArithmeticError])
+@pytest.mark.parametrize('at', [0, 1, 2, 3, 6])
+@pytest.mark.parametrize('depth', [0, 2])
+def test_prefetcher_call_that_raises_keeps_the_position_and_every_batch(
+        depth, at, error):
+    """A Ctrl-C (or an error) in the converter, after the batch was taken
+    from the wrapped iterator: that call raises, the position stays, and
+    every batch arrives once, in order."""
+    dataset = AugmentedDataset(N)
+    with DevicePrefetcher(SerialIterator(dataset, BATCH, seed=1),
+                          depth=depth, converter=RaisesOnce(at, error)) as it:
+        got, raised = _through_raises(it, 9, error)
+    assert raised == 1
+    assert got == _expected(dataset, 9, seed=1)
+
+
+@pytest.mark.parametrize('index', [0, 5, 9])
+@pytest.mark.parametrize('depth', [0, 2])
+def test_prefetcher_ctrl_c_while_the_iterator_loads_loses_no_batch(
+        depth, index):
+    dataset = InterruptsOnce(N, index)
+    with DevicePrefetcher(SerialIterator(dataset, BATCH, shuffle=False,
+                                         seed=1), depth=depth) as it:
+        got, raised = _through_raises(it, 9, KeyboardInterrupt)
+    assert raised == 1
+    assert got == _expected(AugmentedDataset(N), 9, shuffle=False, seed=1)
+
+
+@pytest.mark.parametrize('at', [0, 2, 5])
+def test_prefetcher_ctrl_c_over_a_multiprocess_iterator_loses_no_batch(
+        method, at):
+    dataset = AugmentedDataset(N)
+    with DevicePrefetcher(MultiprocessIterator(
+            dataset, BATCH, n_processes=2, seed=1, start_method=method),
+            depth=2, converter=RaisesOnce(at, KeyboardInterrupt)) as it:
+        got, raised = _through_raises(it, 9, KeyboardInterrupt)
+    assert raised == 1
+    assert got == _expected(dataset, 9, seed=1)
+
+
+def _example_that_cannot_be_loaded(make):
+    """dataset[42] raises, batches of 4, depth 2: batches 0-9 arrive, the
+    11th call raises (and every later one), at position 40, as without the
+    prefetcher."""
+    dataset = Failing(60, 42)
+    with DevicePrefetcher(make(dataset, 4, shuffle=False), depth=2) as it:
+        got = [next(it)[:, 0].tolist() for _ in range(10)]
+        assert got == [list(range(4 * b, 4 * b + 4)) for b in range(10)]
+        for _ in range(3):
+            with pytest.raises(KeyError, match='broken example 42'):
+                next(it)
+            assert (it.epoch, it.current_position) == (0, 40)
+            assert it.state_dict()['current_position'] == 40
+        f = io.BytesIO()
+        chainiter.serializers.save_npz(f, it)
+    with SerialIterator(list(range(60)), 4, shuffle=False) as plain:
+        chainiter.serializers.load_npz(io.BytesIO(f.getvalue()), plain)
+        assert next(plain) == [40, 41, 42, 43]
+
+
+@pytest.mark.parametrize('kind', [SerialIterator, MultithreadIterator],
+                         ids=['serial', 'thread'])
+def test_prefetcher_raises_an_examples_error_in_its_turn(kind):
+    _example_that_cannot_be_loaded(kind)
+
+
+def test_prefetcher_raises_an_examples_error_in_its_turn_multiprocess(
+        method):
+    _example_that_cannot_be_loaded(functools.partial(
+        MultiprocessIterator, n_processes=2, start_method=method))
 
 
 def test_batches_waiting_for_transfer_keep_their_shared_memory(method):
@@ -208,6 +315,29 @@ def test_prefetcher_over_host_iterators_keeps_every_value(fake, kind):
                           depth=3) as it, \
             SerialIterator(dataset, 4, seed=7) as ref:
         outs = [next(it) for _ in range(30)]
+        for out in outs:
+            assert same(on_host(out), concat_examples(next(ref)))
+
+
+@pytest.mark.parametrize('error', [KeyboardInterrupt, ArithmeticError])
+@pytest.mark.parametrize('at', [0, 2, 5])
+def test_prefetcher_to_a_gpu_call_that_raises_keeps_every_batch(
+        fake, at, error):
+    """As on the host, with copies issued and handed out (and dropped when
+    the batches fetched ahead are fetched again)."""
+    dataset = Examples(50, 'tuple')
+    with DevicePrefetcher(SerialIterator(dataset, 4, seed=7), 0, depth=3,
+                          converter=RaisesOnce(at, error)) as it, \
+            SerialIterator(dataset, 4, seed=7) as ref:
+        outs, raised = [], 0
+        while len(outs) < 12:
+            position = (it.epoch, it.current_position)
+            try:
+                outs.append(next(it))
+            except error:
+                raised += 1
+                assert (it.epoch, it.current_position) == position
+        assert raised == 1
         for out in outs:
             assert same(on_host(out), concat_examples(next(ref)))
 

@@ -242,7 +242,7 @@ def test_snapshot_mismatches_say_what_differs():
             (dict(state, global_batch_size=5), 'shard_size 2 and global'),
             (dict(state, shard_size=0), 'shard_size 0'),
             ({k: v for k, v in state.items() if k != 'shard_size'},
-             'global_batch_size but not shard_size')]:
+             "'global_batch_size' but not 'shard_size'")]:
         fresh = chainiter.SerialIterator(dataset, 2, shard=(1, 2), seed=1)
         with pytest.raises(SnapshotMismatchError, match=message):
             fresh.load_state_dict(bad)

@@ -25,8 +25,8 @@ import numpy
 import pytest
 
 from chainiter import (
-    IteratorFinalizedError, MultiprocessIterator, MultithreadIterator,
-    SerialIterator, concat_examples)
+    DevicePrefetcher, IteratorFinalizedError, MultiprocessIterator,
+    MultithreadIterator, SerialIterator, concat_examples)
 from chainiter._interrupts import uninterrupted
 from chainiter.iterators.multiprocess.shm import SharedBuffer
 
@@ -149,6 +149,36 @@ def test_interrupts_inside_next_lose_no_batch(kind, signame):
     assert shm_files() <= files                 # no file left behind
     gc.collect()
     assert mapped_buffers() == buffers          # no mapping, no descriptor
+
+
+@pytest.mark.parametrize('kind', [
+    kind for kind in KINDS if not kind.startswith('mp-default')])
+def test_interrupts_inside_a_prefetchers_next_lose_no_batch(kind):
+    # Anywhere inside DevicePrefetcher.__next__: while the wrapped
+    # iterator loads, while the batch is converted and its state read,
+    # while it is handed out.
+    dataset = AugmentedDataset(23)
+    batches = 0
+    with _signal_storm(('__next__',), 1, 0.002) as (counts, target), \
+            DevicePrefetcher(KINDS[kind](dataset, 5, seed=8),
+                             depth=2) as it, \
+            SerialIterator(dataset, 5, seed=8) as ref:
+        target.append(it)
+        # A Ctrl-C lands where a batch was taken from the wrapped iterator
+        # and not yet handed out in a few of them: 100 interrupts.
+        while batches < MIN_BATCHES or (
+                counts['raised'] < 100 and batches < MAX_BATCHES):
+            position = (it.epoch, it.current_position)
+            try:
+                got = fingerprint(next(it))
+            except KeyboardInterrupt:
+                assert (it.epoch, it.current_position) == position
+                continue
+            assert got == fingerprint(concat_examples(next(ref))), (
+                batches, counts)
+            batches += 1
+        target.clear()
+    assert counts['raised'] >= 100, counts
 
 
 @pytest.mark.parametrize('grouped', [False, True], ids=['batches', 'groups'])

@@ -66,6 +66,49 @@ def test_strict_and_non_strict_and_ignore_names():
     assert t.count == 0
 
 
+class Keys:
+    """An object with an array of a narrow dtype, as an order sampler's
+    generator keys (uint32)."""
+
+    def __init__(self, dtype):
+        self.keys = numpy.zeros(3, dtype=dtype)
+
+    def serialize(self, serializer):
+        serializer('keys', self.keys)
+
+
+@pytest.mark.parametrize('dtype, stored', [
+    (numpy.uint32, [0, 7, 2 ** 32 - 1]),     # JSON's lists are int64
+    (numpy.int8, [-128, 0, 127]),
+    (numpy.bool_, [0, 1, 1]),
+    (numpy.int32, [1.0, 2.0, -3.0]),          # integral floats
+    (numpy.float32, [0.5, 1.5, 2.0]),
+])
+def test_arrays_convert_where_every_value_survives(dtype, stored):
+    thing = Keys(dtype)
+    NpzDeserializer({'keys': stored}).load(thing)
+    assert thing.keys.dtype == dtype
+    assert thing.keys.tolist() == [dtype(v).item() for v in stored]
+
+
+@pytest.mark.parametrize('dtype, stored, lost', [
+    (numpy.uint32, [0, -1, 2], -1),
+    (numpy.uint32, [0, 2 ** 32, 2], 2 ** 32),
+    (numpy.int8, [0, 1, 300], 300),
+    (numpy.int32, [0.0, 2.5, 1.0], 2.5),
+    (numpy.int32, [0.0, float('nan'), 1.0], 'nan'),
+    (numpy.bool_, [0, 1, 2], 2),
+    (numpy.int32, ['a', 'b', 'c'], 'a'),
+])
+def test_arrays_that_would_lose_a_value_are_refused(dtype, stored, lost):
+    thing = Keys(dtype)
+    with pytest.raises(SnapshotMismatchError,
+                       match=r"'keys' holds .* \(e\.g\. '?{}'?\)".format(
+                           lost)):
+        NpzDeserializer({'keys': stored}).load(thing)
+    assert thing.keys.tolist() == [0, 0, 0]
+
+
 def test_path_prefix():
     target = {}
     thing = Thing()

@@ -1,6 +1,9 @@
 """Snapshots that do not fit: a clear SnapshotMismatchError naming the
-field, and the iterator left exactly as it was."""
+field, and the iterator left exactly as it was.  Snapshots as frameworks
+keep them: a fresh iterator's state dict has the structure of every later
+one, and one that lost a key resumes exactly or names the key."""
 
+import functools
 import io
 
 import numpy
@@ -8,6 +11,7 @@ import pytest
 
 import chainiter
 from chainiter import (
+    MultiprocessIterator,
     MultithreadIterator,
     SerialIterator,
     ShuffleOrderSampler,
@@ -15,7 +19,7 @@ from chainiter import (
 )
 from chainiter.serializers import load_npz, save_npz
 
-from helpers import AugmentedDataset, fingerprint
+from helpers import AugmentedDataset, fingerprint, through_json
 
 
 def good_state():
@@ -125,3 +129,156 @@ def test_dataset_timeout_none_means_no_warning():
                                         dataset_timeout=None,
                                         shuffle=False) as it:
         assert next(it) == [1]
+
+
+# ---- snapshots as frameworks keep them ------------------------------------
+
+#: The iterator's arguments for each way of ordering, given its seed.
+ORDERINGS = {
+    'plain': lambda seed: dict(shuffle=False, seed=seed),
+    'seeded': lambda seed: dict(seed=seed),
+    'sampler': lambda seed: dict(order_sampler=ShuffleOrderSampler(
+        numpy.random.RandomState(seed)), seed=seed),
+    # Every rank of a sharded run is built with the run's seed.
+    'sharded': lambda seed: dict(seed=7, shard=(1, 2)),
+    'no-repeat': lambda seed: dict(seed=seed, repeat=False),
+}
+
+
+def _structure(state):
+    return {key: (type(value), numpy.shape(value),
+                  getattr(value, 'dtype', None))
+            for key, value in state.items()}
+
+
+def _structures_along_a_run(it):
+    """The structure of the state dict before the first batch, then after
+    batches across epoch ends, a reset and the end of a pass."""
+    yield _structure(it.state_dict())
+    for _ in range(2):
+        for _ in range(7):
+            try:
+                next(it)
+            except StopIteration:
+                pass
+            yield _structure(it.state_dict())
+        it.reset()
+        yield _structure(it.state_dict())
+
+
+@pytest.mark.parametrize('ordering', sorted(ORDERINGS))
+def test_a_fresh_state_dict_has_every_key_of_a_later_one(make, ordering):
+    # PyTorch's distributed checkpoint asks a fresh object for the
+    # structure of its state before it loads into it.
+    with make(AugmentedDataset(10), 4, **ORDERINGS[ordering](7)) as it:
+        structures = list(_structures_along_a_run(it))
+    assert all(s == structures[0] for s in structures), structures
+
+
+@pytest.mark.parametrize('ordering', sorted(ORDERINGS))
+def test_a_fresh_state_dict_has_every_key_of_a_later_one_multiprocess(
+        method, ordering):
+    with MultiprocessIterator(AugmentedDataset(10), 4, n_processes=1,
+                              start_method=method,
+                              **ORDERINGS[ordering](7)) as it:
+        structures = list(_structures_along_a_run(it))
+    assert all(s == structures[0] for s in structures), structures
+
+
+@pytest.mark.parametrize('ordering', sorted(ORDERINGS))
+def test_a_fresh_state_dict_has_every_key_of_a_later_one_prefetched(
+        ordering):
+    with chainiter.DevicePrefetcher(SerialIterator(
+            AugmentedDataset(10), 4, **ORDERINGS[ordering](7))) as it:
+        structures = list(_structures_along_a_run(it))
+    assert all(s == structures[0] for s in structures), structures
+
+
+def _rest(it, n=6):
+    """Up to ``n`` more batches, as fingerprints."""
+    out = []
+    for _ in range(n):
+        try:
+            out.append(fingerprint(next(it)))
+        except StopIteration:
+            break
+    return out
+
+
+def _assert_every_lost_key_resumes_or_is_named(make, ordering, via):
+    """A state dict taken mid-epoch after a reset, without one of its keys
+    (through ``via``): each loads into a fresh iterator (built with another
+    seed and another sampler state) and resumes exactly, or raises a
+    SnapshotMismatchError that names the key lost."""
+    dataset = AugmentedDataset(10)
+    with make(dataset, 4, **ORDERINGS[ordering](7)) as it:
+        next(it)
+        it.reset()
+        for _ in range(1 if ordering == 'no-repeat' else 3):
+            next(it)
+        state = via(it.state_dict())
+        expected = _rest(it)
+    with make(dataset, 4, **ORDERINGS[ordering](8)) as target:
+        target.load_state_dict(state)       # whole, it resumes
+        assert _rest(target) == expected
+    named, problems = [], []
+    for key in state:
+        lost = {k: v for k, v in state.items() if k != key}
+        with make(dataset, 4, **ORDERINGS[ordering](8)) as target:
+            try:
+                target.load_state_dict(lost)
+            except SnapshotMismatchError as e:
+                if repr(key) in str(e):
+                    named.append(key)
+                else:
+                    problems.append('without {!r}: {}'.format(key, e))
+                continue
+            if _rest(target) != expected:
+                problems.append('without {!r} it resumed elsewhere'.format(
+                    key))
+    assert not problems, problems
+    return named
+
+
+@pytest.mark.parametrize('via', [dict, through_json], ids=['dict', 'json'])
+@pytest.mark.parametrize('ordering', sorted(ORDERINGS))
+def test_a_state_dict_that_lost_a_key_resumes_exactly_or_names_it(
+        make, ordering, via):
+    named = _assert_every_lost_key_resumes_or_is_named(make, ordering, via)
+    assert 'current_position' in named
+
+
+@pytest.mark.parametrize('ordering', ['seeded', 'sampler'])
+def test_a_state_dict_that_lost_a_key_multiprocess(method, ordering):
+    make = functools.partial(MultiprocessIterator, n_processes=1,
+                             start_method=method)
+    named = _assert_every_lost_key_resumes_or_is_named(make, ordering, dict)
+    assert {'reset_count', 'seed'} <= set(named)
+
+
+def test_a_value_that_does_not_convert_losslessly_is_named():
+    with SerialIterator(list(range(6)), 4, order_sampler=ShuffleOrderSampler(
+            numpy.random.RandomState(1))) as source:
+        state = through_json(source.state_dict())
+    for bad in (-1, 2 ** 32, 0.5):
+        state['order_sampler/keys'][0] = bad
+        with SerialIterator(list(range(6)), 4, order_sampler=(
+                ShuffleOrderSampler(numpy.random.RandomState(2)))) as it:
+            with pytest.raises(SnapshotMismatchError,
+                               match="'order_sampler/keys'.*{}".format(
+                                   bad)):
+                it.load_state_dict(state)
+
+
+def test_an_empty_order_through_json_loads():
+    # json gives [] back as an empty float64 array.
+    def make():
+        return SerialIterator([], 2, repeat=False, order_sampler=(
+            ShuffleOrderSampler(numpy.random.RandomState(0))))
+    with make() as source:
+        state = through_json(source.state_dict())
+    assert state['order'] == []
+    with make() as it:
+        it.load_state_dict(state)
+        assert list(it) == []
+        assert it.state_dict()['order'].dtype.kind == 'i'

@@ -25,6 +25,13 @@ def read(fields, target=SEEDED):
     return _snapshot.read(NpzDeserializer(fields), target)
 
 
+def as_chainers(fields):
+    """``fields`` with only the keys Chainer's iterators write."""
+    return {key: value for key, value in fields.items() if key in (
+        'current_position', 'epoch', 'is_new_epoch', 'order',
+        'previous_epoch_detail')}
+
+
 def seeded_state(seed=7, resets=0, epoch=1, position=4):
     order = order_samplers.SeededPermutation(
         order_samplers.pass_seed(seed, resets), epoch, 6)
@@ -69,9 +76,14 @@ def test_read_changes_nothing_and_gives_the_same_value_twice():
     (0, 1, 0.0),            # not before the start
     (0, 0, _state.NO_PREVIOUS_EPOCH_DETAIL),
 ])
+@pytest.mark.parametrize('layout', [as_chainers, dict],
+                         ids=['chainers', 'chainiters'])
 def test_previous_epoch_detail_is_guessed_as_chainer_does(
-        epoch, position, expected):
-    fields = saved(_state.IteratorState(position, epoch, False, None))
+        epoch, position, expected, layout):
+    # Chainer's test of old snapshots deletes it from what chainiter's
+    # iterator wrote, too.
+    fields = layout(saved(_state.IteratorState(position, epoch, False,
+                                               None)))
     del fields['previous_epoch_detail']
     assert read(fields, PLAIN).state.previous_epoch_detail == \
         pytest.approx(expected)
@@ -83,8 +95,8 @@ def test_shard_fields_are_written_and_checked_for_sense():
         == (2, 4)
     read(fields)        # elastic: any other global batch loads it
     del fields['global_batch_size']
-    with pytest.raises(SnapshotMismatchError, match='has shard_size but '
-                       'not global_batch_size'):
+    with pytest.raises(SnapshotMismatchError, match="has 'shard_size' but "
+                       "not 'global_batch_size'"):
         read(fields)
     fields.update(global_batch_size=5)
     with pytest.raises(SnapshotMismatchError, match='global_batch_size 5'):
@@ -104,7 +116,7 @@ def test_a_seeded_order_needs_its_seed_and_must_be_the_seeds():
     with pytest.raises(SnapshotMismatchError, match='corrupt'):
         read(fields)
     del fields['order'], fields['seed']
-    with pytest.raises(SnapshotMismatchError, match='holds no seed'):
+    with pytest.raises(SnapshotMismatchError, match="has no 'seed'"):
         read(fields)
 
 
@@ -127,10 +139,83 @@ def test_a_newer_format_and_another_dataset_length_are_refused():
 
 
 def test_missing_field_names_the_path_hint():
-    fields = saved(seeded_state())
+    fields = as_chainers(saved(seeded_state(), resets=0))
+    fields['order'] = numpy.asarray(seeded_state().order)
     del fields['epoch']
     with pytest.raises(SnapshotMismatchError, match="no 'epoch'.*path="):
         read(fields)
+
+
+@pytest.mark.parametrize('key', _snapshot.WRITTEN_BY_EVERY[3])
+def test_a_field_every_snapshot_of_its_version_holds_is_required(key):
+    fields = saved(seeded_state())
+    del fields[key]
+    with pytest.raises(SnapshotMismatchError,
+                       match="format version 3.* no {!r}".format(key)):
+        read(fields)
+
+
+@pytest.mark.parametrize('key', _snapshot.CHAINITER_FIELDS)
+def test_a_field_only_chainiter_writes_needs_a_format_version(key):
+    fields = saved(seeded_state(), shard_size=2, global_batch_size=4)
+    del fields['format_version']
+    fields = {k: v for k, v in fields.items()
+              if k == key or k not in _snapshot.CHAINITER_FIELDS}
+    with pytest.raises(SnapshotMismatchError,
+                       match="has {!r} but no 'format_version'".format(key)):
+        read(fields)
+
+
+@pytest.mark.parametrize('version, absent', [
+    (1, ('reset_count', 'seeded_order')), (2, ('seeded_order',))])
+def test_older_formats_need_only_the_fields_they_wrote(version, absent):
+    fields = saved(seeded_state(), resets=0)
+    fields['format_version'] = numpy.asarray(version)
+    fields['order'] = numpy.asarray(seeded_state().order)
+    for key in absent:
+        del fields[key]
+    snapshot = read(fields)
+    assert (snapshot.version, snapshot.resets, snapshot.seed) == \
+        (version, 0, 7)
+    numpy.testing.assert_array_equal(snapshot.state.order,
+                                     seeded_state().order)
+
+
+def test_a_chainer_snapshot_needs_no_seed_and_no_format_version():
+    snapshot = read(as_chainers(dict(
+        saved(seeded_state()), order=numpy.asarray(seeded_state().order))))
+    assert (snapshot.version, snapshot.seed, snapshot.resets) == \
+        (None, None, 0)
+
+
+@pytest.mark.parametrize('version, held, holds', [
+    (None, (), False),            # Chainer's: no sampler state
+    (3, ('keys', 'pos'), True),
+])
+def test_an_order_samplers_state_is_held_whole(version, held, holds):
+    state = {'keys': numpy.arange(3), 'pos': 1}
+    fields = {'order_sampler/' + key: numpy.asarray(state[key])
+              for key in held}
+    sampler = object()
+    assert _snapshot.holds_sampler_state(
+        NpzDeserializer(fields)['order_sampler'], state, version,
+        sampler) is holds
+
+
+@pytest.mark.parametrize('version, held, missing', [
+    (None, ('keys',), 'pos'),     # a part of it: lost on the way
+    (3, ('keys',), 'pos'),
+    (3, (), 'keys'),              # none, in a snapshot of chainiter's
+])
+def test_an_order_samplers_state_in_part_is_refused(version, held, missing):
+    state = {'keys': numpy.arange(3), 'pos': 1}
+    fields = {'order_sampler/' + key: numpy.asarray(state[key])
+              for key in held}
+    with pytest.raises(SnapshotMismatchError,
+                       match="no 'order_sampler/{}'".format(missing)):
+        _snapshot.holds_sampler_state(
+            NpzDeserializer(fields)['order_sampler'], state, version,
+            object())
 
 
 @pytest.mark.parametrize('chainer_order, chainers, key, none', [

@@ -52,7 +52,7 @@ class Snapshots:
         # an interrupt leave it there: the next next() restores it from
         # the state in force.
         self._stale = True
-        sampler_state = self._load_sampler(serializer)
+        sampler_state = self._load_sampler(serializer, read.version)
         # Everything fits: adopt it, all of it or nothing (no call between
         # the stores).
         self._drop_pending()
@@ -61,17 +61,21 @@ class Snapshots:
             self._seed if read.seed is None else read.seed, read.resets, \
             state, state
 
-    def _load_sampler(self, serializer):
-        """Load the order sampler's state from the snapshot, if it has one,
-        and return it (None for a sampler without state).  A state that
-        does not fit leaves the sampler as it was."""
+    def _load_sampler(self, serializer, version):
+        """Load the order sampler's state from the snapshot and return it
+        (None for a sampler without state).  Only Chainer's snapshots
+        (``version`` None) may hold none of it: the sampler keeps its own.
+        A state that does not fit, or lacks a field, leaves the sampler as
+        it was."""
         if getattr(self.order_sampler, 'serialize', None) is None:
             return None
         before = _orders.capture(self.order_sampler)
+        child = serializer['order_sampler']
+        if not _snapshot.holds_sampler_state(child, before, version,
+                                             self.order_sampler):
+            return before   # written by Chainer, without sampler state
         try:
-            self.order_sampler.serialize(serializer['order_sampler'])
-        except KeyError:
-            pass  # written without sampler state (e.g. by Chainer)
+            self.order_sampler.serialize(child)
         except Exception as e:
             _orders.restore(self.order_sampler, before)
             raise SnapshotMismatchError(

@@ -4,10 +4,12 @@ back.
 ::
 
     save(serializer, state, ...)       the fields of chainiter's layout
-    read(serializer, Target) ──► Snapshot(state, seed, resets)
+    read(serializer, Target) ──► Snapshot(state, seed, resets, version)
                                        every field checked against the
                                        iterator that loads it, or a
                                        SnapshotMismatchError
+    holds_sampler_state(...)           whether an order sampler's state is
+                                       there whole (or, in Chainer's, not)
     as_chainer_writes(items, ...)      the epoch's order as Chainer writes it
 
 The layout (``FORMAT_VERSION``): ``current_position``, ``epoch``,
@@ -19,11 +21,15 @@ sampler's own state lies under ``order_sampler``: the iterator reads it
 (``DatasetIterator._load_snapshot``), as it changes the sampler.
 
 ``read`` changes nothing: the iterator adopts its value all at once.  Each
-field is read and checked by ``_snapshot_fields.py``.
+field is read and checked by ``_snapshot_fields.py``.  A snapshot with a
+format version must hold every field its version writes
+(``WRITTEN_BY_EVERY``), and one with a field only chainiter writes must
+hold a format version: only Chainer's snapshots go without (no seed, no
+reset count: the iterator keeps its seed, the pass is the first).
 """
 
 import typing
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import numpy
 
@@ -37,6 +43,26 @@ from chainiter.iterators._snapshot_fields import (
 #: iterator adds ``shard_size`` and ``global_batch_size``, which older
 #: versions ignore).
 FORMAT_VERSION = 3
+
+#: The fields that every snapshot of a format version holds, whatever
+#: iterator wrote it (the order, an order sampler's state and the shard
+#: fields depend on the iterator): one that lacks one of them lost it on
+#: the way (2 added ``reset_count``).  ``previous_epoch_detail`` is
+#: written too, but may be missing, as in Chainer, which guesses it (its
+#: own test of old snapshots deletes it from what our iterator wrote): the
+#: batches do not depend on it.
+_WRITTEN_BY_VERSION_1 = ('current_position', 'epoch', 'is_new_epoch',
+                         'seed', 'dataset_length')
+WRITTEN_BY_EVERY: Dict[int, Tuple[str, ...]] = {
+    1: _WRITTEN_BY_VERSION_1,
+    2: _WRITTEN_BY_VERSION_1 + ('reset_count',),
+    3: _WRITTEN_BY_VERSION_1 + ('reset_count',),
+}
+
+#: Fields that only chainiter writes (always with ``format_version``);
+#: Chainer's snapshots hold none of them, and no format version.
+CHAINITER_FIELDS = ('seed', 'reset_count', 'dataset_length', 'seeded_order',
+                    'shard_size', 'global_batch_size')
 
 
 def is_deserializer(serializer):
@@ -66,11 +92,13 @@ class Target(typing.NamedTuple):
 
 class Snapshot(typing.NamedTuple):
     """What ``read`` found: the state (with no ``sampler_state``), the seed
-    (None where the snapshot holds none: the iterator keeps its own) and
-    the number of resets."""
+    (None where the snapshot holds none: the iterator keeps its own), the
+    number of resets and the format version (None for a snapshot written
+    by Chainer, which holds only Chainer's fields)."""
     state: _state.IteratorState
     seed: Optional[int]
     resets: int
+    version: Optional[int] = None
 
 
 # ---- writing -------------------------------------------------------------
@@ -133,13 +161,7 @@ def read(serializer, target: Target) -> Snapshot:
     """The snapshot in ``serializer``, every field checked against
     ``target``; a ``SnapshotMismatchError`` says what does not fit."""
     n = target.dataset_length
-    version = field(serializer, 'format_version')
-    if version is not None and integer(version, 'format_version') > \
-            FORMAT_VERSION:
-        raise SnapshotMismatchError(
-            'the snapshot has format version {}, newer than this '
-            'chainiter understands ({}); upgrade chainiter'.format(
-                int(version), FORMAT_VERSION))
+    version = format_version(serializer)
     length = field(serializer, 'dataset_length')
     if length is not None and integer(length, 'dataset_length') != n:
         raise SnapshotMismatchError(
@@ -180,7 +202,69 @@ def read(serializer, target: Target) -> Snapshot:
     if seeded:
         order = _seeded_order(order, seed, resets, epoch, n)
     return Snapshot(_state.IteratorState(position, epoch, is_new_epoch,
-                                         order, previous), seed, resets)
+                                         order, previous), seed, resets,
+                    version)
+
+
+def format_version(serializer):
+    """The snapshot's format version, None for Chainer's snapshots; a
+    snapshot of chainiter's that lost fields on the way (a framework that
+    keeps some keys, a hand-edited dict) is refused, naming the first one
+    it lacks: without it, it would resume elsewhere, or in other orders."""
+    version = field(serializer, 'format_version')
+    if version is None:
+        for key in CHAINITER_FIELDS:
+            if field(serializer, key) is not None:
+                raise SnapshotMismatchError(
+                    'the snapshot has {!r} but no \'format_version\': '
+                    'chainiter writes one into every snapshot, so this one '
+                    'lost fields on the way. Load the whole state dict '
+                    'that state_dict() returned (or the whole npz '
+                    'file)'.format(key))
+        return None
+    version = integer(version, 'format_version')
+    if version > FORMAT_VERSION:
+        raise SnapshotMismatchError(
+            'the snapshot has format version {}, newer than this '
+            'chainiter understands ({}); upgrade chainiter'.format(
+                version, FORMAT_VERSION))
+    if version < 1:
+        raise SnapshotMismatchError(
+            'the snapshot has format version {}; versions start at 1, so '
+            'the snapshot is corrupt'.format(version))
+    for key in WRITTEN_BY_EVERY[version]:
+        if field(serializer, key) is None:
+            raise SnapshotMismatchError(
+                'the snapshot (format version {}) has no {!r}, which every '
+                'snapshot of that version holds: it lost fields on the way '
+                '(a framework or a JSON or YAML round trip that kept only '
+                'some keys?). Load the whole state dict that state_dict() '
+                'returned (or the whole npz file)'.format(version, key))
+    return version
+
+
+def holds_sampler_state(serializer, state, version, sampler):
+    """Whether the snapshot (``serializer``: its ``order_sampler`` part)
+    holds every field of ``state``, the state of the order sampler
+    ``sampler`` as ``_orders.capture`` gives it; False where it holds none
+    and was written by Chainer (``version`` None), whose snapshots hold no
+    sampler state.  A part of it, or none in a snapshot of chainiter's,
+    raises, naming the first field missing."""
+    missing = ['order_sampler/' + key for key in state
+               if field(serializer, key) is None]
+    if not missing:
+        return True
+    if len(missing) == len(state) and version is None:
+        return False
+    raise SnapshotMismatchError(
+        'the snapshot has no {!r}, part of the state of this iterator\'s '
+        'order sampler ({}): {}. Load it into an iterator built with the '
+        'order sampler that wrote it, with every key that state_dict() '
+        'returned'.format(
+            missing[0], type(sampler).__name__,
+            'it lost fields on the way' if len(missing) < len(state) else
+            'it was written by an iterator whose order sampler has no '
+            'state, or it lost fields on the way'))
 
 
 def guess_previous_epoch_detail(epoch, position, size, global_batch_size):
@@ -210,9 +294,10 @@ def _order(serializer, target):
     shuffles = target.shuffle or target.sampler
     if order is None and shuffles and not seeded:
         raise SnapshotMismatchError(
-            'the snapshot has no order, so it was written by an iterator '
-            'that does not shuffle; this one shuffles. Build the iterator '
-            'with shuffle=False to load it')
+            'the snapshot has no order (no \'order\', no \'seeded_order\'), '
+            'so it was written by an iterator that does not shuffle (or it '
+            'lost those fields on the way); this one shuffles. Build the '
+            'iterator with shuffle=False to load it')
     if order is not None:
         if not shuffles:
             raise SnapshotMismatchError(
@@ -236,11 +321,8 @@ def _seed(serializer):
 
 def _seeded_order(order, seed, resets, epoch, n):
     """The order the seed gives (checked against the one the snapshot
-    holds, if any)."""
-    if seed is None:
-        raise SnapshotMismatchError(
-            'the snapshot says its order follows from the seed, but '
-            'it holds no seed')
+    holds, if any).  ``seed`` is there: ``seeded_order`` comes with a
+    format version, whose snapshots all hold one."""
     derived = order_samplers.SeededPermutation(
         order_samplers.pass_seed(seed, resets), epoch, n)
     if order is not None and not numpy.array_equal(order, derived):

@@ -36,6 +36,8 @@ def check_order(order, n, permutation):
     ``permutation`` of ``range(n)`` for a seeded shuffle's."""
     if order.ndim == 0 and order.dtype == object:
         return None   # Chainer writes None as a 0-d object array
+    if order.shape == (0,):
+        order = order.astype(numpy.intp)   # [] read back from JSON: floats
     if order.ndim != 1 or order.dtype.kind not in 'iu':
         raise SnapshotMismatchError(
             'the snapshot\'s order must be a 1-d array of integers, got '
@@ -67,7 +69,8 @@ def check_shard_fields(serializer):
     global_batch = field(serializer, 'global_batch_size')
     if (size is None) != (global_batch is None):
         raise SnapshotMismatchError(
-            'the snapshot has {} but not {}; it is corrupt'.format(
+            'the snapshot has {!r} but not {!r}: it is corrupt, or lost '
+            'a field on the way'.format(
                 *(('shard_size', 'global_batch_size') if
                   global_batch is None else
                   ('global_batch_size', 'shard_size'))))

@@ -131,7 +131,7 @@ class NpzDeserializer(Deserializer):
                 raise SnapshotMismatchError(
                     '{!r} has shape {} in the snapshot but {} here'.format(
                         key, stored.shape, value.shape))
-            numpy.copyto(value, stored)
+            numpy.copyto(value, _converted(stored, value.dtype, key))
             return value
         value_type = type(value)
         if isinstance(value, (bool, numpy.bool_)):
@@ -144,6 +144,31 @@ class NpzDeserializer(Deserializer):
                 'cannot assign the snapshot value {!r} of dtype {} to a {} '
                 'without loss'.format(key, stored.dtype, value_type.__name__))
         return value_type(stored.item() if stored.ndim == 0 else stored)
+
+
+def _converted(stored, dtype, key):
+    """``stored``, a snapshot's array, for an array of ``dtype``: as it is
+    where numpy casts it safely (or narrows a float, as Chainer does), else
+    converted where every value survives: a state dict read back from JSON
+    or YAML has its uint32 arrays as lists of Python ints (int64)."""
+    if numpy.can_cast(stored.dtype, dtype, 'safe') or (
+            dtype.kind in 'fc' and numpy.can_cast(stored.dtype, dtype,
+                                                  'same_kind')):
+        return stored
+    if stored.dtype.kind in 'biuf' and dtype.kind in 'biufc':
+        with numpy.errstate(all='ignore'):
+            converted = stored.astype(dtype)
+        lost = numpy.flatnonzero(converted.ravel() != stored.ravel())
+        if not lost.size:
+            return converted
+        example = stored.ravel()[lost[0]].item()
+    else:
+        example = stored.ravel()[0].item() if stored.size else None
+    raise SnapshotMismatchError(
+        '{!r} holds values of dtype {} in the snapshot that do not convert '
+        'to {} without loss (e.g. {!r}); the snapshot was written for '
+        'another object, or its values were changed'.format(
+            key, stored.dtype, dtype, example))
 
 
 def load_npz(file: Union[str, bytes, os.PathLike, IO[bytes]], obj: Any,
