@@ -1152,3 +1152,50 @@ def fork_reader(value):
         os.close(result_r)
         return same == b'1'
     return verdict
+
+
+# ---- what later workers see, and what they draw ----------------------------
+
+class LaterWrites:
+    """A dataset that the main process changes while its workers run: an
+    attribute, a small array and two large ones (2 MiB: shared memory
+    under spawn and forkserver), ``write()`` writes each in place or
+    replaces it (``replace()`` only the second large one).  Example i is
+    ``(i, pid of the loading process, what it sees of them)``."""
+
+    def __init__(self, n=16):
+        self.n = n
+        self.label = 'before'
+        self.small = numpy.zeros(4)
+        self.big = numpy.zeros(2 ** 18)
+        self.replaced = numpy.zeros(2 ** 18)
+
+    def write(self):
+        self.label = 'after'
+        self.small[:] = 1
+        self.big[:] = 1
+        self.replace(1)
+
+    def replace(self, value):
+        self.replaced = numpy.full(2 ** 18, float(value))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, os.getpid(), (self.label, float(self.small[0]),
+                                float(self.big[0]), float(self.replaced[0]))
+
+
+def shared_bytes():
+    """The bytes of the shared-memory buffers this process holds open (by
+    a descriptor: the blocks and slots of its iterators)."""
+    total = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            target = os.readlink('/proc/self/fd/' + fd)
+            if _is_buffer(target):
+                total += os.stat('/proc/self/fd/' + fd).st_size
+        except OSError:
+            continue
+    return total

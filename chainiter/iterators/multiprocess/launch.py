@@ -7,7 +7,8 @@ at once), ``watched()`` lists what the receiver thread must wait on, and
 
 - ``ProcessLauncher`` (spawn, forkserver): one ``Process`` per worker.  These
   start methods never fork the calling process, so any thread may start a
-  worker.
+  worker.  Each gets the pool's one pickle of the dataset (share.py): the
+  dataset as it was at the first start.
 - ``ForkLauncher`` (fork): a helper process, forked once when the pool starts
   (before its receiver thread exists), forks every worker, the replacements
   of dead workers included.  Forking a process that has other threads may

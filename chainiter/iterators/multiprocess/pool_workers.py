@@ -57,16 +57,13 @@ class PoolWorkers:
                 return
             self.receiver.retry_later()
         except Exception as e:
-            # Under spawn and forkserver the dataset is pickled for each
-            # worker (a replacement too: maxtasksperchild, a death), and
-            # that may fail the second time: another try would too.
+            # Not a shortage: another try would fail the same way.  (The
+            # dataset is pickled once, at the first start, which the pool's
+            # construction raises: a replacement gets those bytes.)
             self._put_ready(self.book.fail_all(
                 'a new worker process could not start: starting it raised '
-                '{}: {} (under the {!r} start method the dataset and '
-                'worker_init_fn are pickled for every worker, those that '
-                'replace a worker after maxtasksperchild or a death '
-                'too). No more workers are started; fix the cause and '
-                'build a new iterator'.format(
+                '{}: {} (start method {!r}). No more workers are started; '
+                'fix the cause and build a new iterator'.format(
                     type(e).__name__, e, self.method), e))
             return
         else:
