@@ -1199,3 +1199,37 @@ def shared_bytes():
         except OSError:
             continue
     return total
+
+
+_loaded_here = []
+
+
+class GlobalDraws:
+    """Example i is ``(i, pid, worker id, incarnation, worker seed, k, a
+    draw of random, a draw of numpy's global RNG)``, k the number of
+    examples this process loaded before it: a dataset that augments with
+    the global RNGs (as Chainer's examples do).  Loading ``kill_at`` kills
+    the worker (SIGKILL) the first time (``once_file`` marks it)."""
+
+    def __init__(self, n, kill_at=None, once_file=None):
+        self.n, self.kill_at, self.once_file = n, kill_at, once_file
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import random
+        import signal
+        if i == self.kill_at:
+            try:
+                open(self.once_file, 'x').close()
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        info = chainiter.get_worker_info()
+        k = len(_loaded_here)
+        _loaded_here.append(i)
+        return (i, os.getpid(), info.id, getattr(info, 'incarnation', None),
+                info.seed, k, random.getrandbits(62),
+                int(numpy.random.randint(2 ** 62, dtype=numpy.int64)))

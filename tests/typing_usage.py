@@ -97,6 +97,7 @@ def main() -> None:
     empty = chainiter.shared_empty((2, 3), numpy.float32)
     info = chainiter.get_worker_info()
     worker: Optional[int] = None if info is None else info.id
+    incarnation: int = 0 if info is None else info.incarnation
     env: distributed.Shard = distributed.from_environment({})
     bounds: List[Tuple[int, int]] = distributed.share_bounds(10, 2)
     sampler = iterators.ShuffleOrderSampler(numpy.random.RandomState(0))

@@ -84,7 +84,8 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         # storm of them start workers faster than spawn could.)
         self._touched = None
         self._n_workers = n_workers
-        self._next_worker_id = 0
+        # Workers started with each id (WorkerInfo.incarnation).
+        self._incarnations = [0] * n_workers
         self._start_failures = 0
         self._warned_no_room = False
         # Under spawn and forkserver the large arrays of the dataset go to

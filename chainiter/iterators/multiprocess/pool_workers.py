@@ -20,9 +20,15 @@ class PoolWorkers:
     def start_worker(self):
         """Start one worker (the main thread while the pool is built,
         then the receiver thread, under the lock)."""
-        worker_id = self._next_worker_id % self._n_workers
-        self._next_worker_id += 1
-        worker = Worker(worker_id, self.launcher.start(worker_id))
+        # The id that no worker taking tasks has: a replacement takes the
+        # id of the worker it replaces, and counts as its next incarnation.
+        taken = {self.workers[key].id for key in self.book.accepting()
+                 if key in self.workers}
+        worker_id = min(set(range(self._n_workers)) - taken)
+        incarnation = self._incarnations[worker_id]
+        worker = Worker(worker_id, self.launcher.start(worker_id,
+                                                       incarnation))
+        self._incarnations[worker_id] += 1
         self.book.add_worker(worker.key)
         self.workers[worker.key] = worker
         self.receiver.wake()       # so that it watches the new worker
