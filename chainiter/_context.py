@@ -28,10 +28,12 @@ _worker_info = None
 
 
 class WorkerInfo(typing.NamedTuple):
-    """Describes the worker process that runs the current code."""
+    """Describes the worker process that runs the current code (the
+    fields: ``get_worker_info``)."""
     id: int
     num_workers: int
     seed: int
+    incarnation: int = 0
 
 
 class _Loading:
@@ -105,8 +107,16 @@ def example_rngs() -> List[numpy.random.Generator]:
 
 
 def get_worker_info() -> Optional[WorkerInfo]:
-    """``WorkerInfo(id, num_workers, seed)`` inside a worker process of
-    ``MultiprocessIterator``; ``None`` in the main process."""
+    """``WorkerInfo(id, num_workers, seed, incarnation)`` inside a worker
+    process of ``MultiprocessIterator``; ``None`` in the main process.
+
+    ``id`` is 0 to ``num_workers - 1``; a worker that replaces another
+    (after ``maxtasksperchild`` or a death) takes its id, and
+    ``incarnation`` counts the workers that had that id before it (0 for
+    the first).  ``seed`` is what the worker seeded Python's ``random``
+    (and torch, when imported) with: ``seed + id`` for the first worker of
+    each id, as PyTorch's ``DataLoader``; ``seed + id + incarnation *
+    num_workers`` for a replacement, which so draws numbers of its own."""
     return _worker_info
 
 

@@ -1193,3 +1193,84 @@ class InterruptsOnce(AugmentedDataset):
             self.raised = True
             raise KeyboardInterrupt
         return super().__getitem__(i)
+
+
+# ---- what later workers see, and what they draw ----------------------------
+
+class LaterWrites:
+    """A dataset that the main process changes while its workers run: an
+    attribute, a small array and two large ones (2 MiB: shared memory
+    under spawn and forkserver), ``write()`` writes each in place or
+    replaces it (``replace()`` only the second large one).  Example i is
+    ``(i, pid of the loading process, what it sees of them)``."""
+
+    def __init__(self, n=16):
+        self.n = n
+        self.label = 'before'
+        self.small = numpy.zeros(4)
+        self.big = numpy.zeros(2 ** 18)
+        self.replaced = numpy.zeros(2 ** 18)
+
+    def write(self):
+        self.label = 'after'
+        self.small[:] = 1
+        self.big[:] = 1
+        self.replace(1)
+
+    def replace(self, value):
+        self.replaced = numpy.full(2 ** 18, float(value))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, os.getpid(), (self.label, float(self.small[0]),
+                                float(self.big[0]), float(self.replaced[0]))
+
+
+def shared_bytes():
+    """The bytes of the shared-memory buffers this process holds open (by
+    a descriptor: the blocks and slots of its iterators)."""
+    total = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            target = os.readlink('/proc/self/fd/' + fd)
+            if _is_buffer(target):
+                total += os.stat('/proc/self/fd/' + fd).st_size
+        except OSError:
+            continue
+    return total
+
+
+_loaded_here = []
+
+
+class GlobalDraws:
+    """Example i is ``(i, pid, worker id, incarnation, worker seed, k, a
+    draw of random, a draw of numpy's global RNG)``, k the number of
+    examples this process loaded before it: a dataset that augments with
+    the global RNGs (as Chainer's examples do).  Loading ``kill_at`` kills
+    the worker (SIGKILL) the first time (``once_file`` marks it)."""
+
+    def __init__(self, n, kill_at=None, once_file=None):
+        self.n, self.kill_at, self.once_file = n, kill_at, once_file
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import random
+        import signal
+        if i == self.kill_at:
+            try:
+                open(self.once_file, 'x').close()
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        info = chainiter.get_worker_info()
+        k = len(_loaded_here)
+        _loaded_here.append(i)
+        return (i, os.getpid(), info.id, getattr(info, 'incarnation', None),
+                info.seed, k, random.getrandbits(62),
+                int(numpy.random.randint(2 ** 62, dtype=numpy.int64)))

@@ -523,6 +523,68 @@ def test_workers_seed_random_and_numpy_and_never_import_torch(method):
     check_worker_rngs(method, None)
 
 
+def global_draws(method, seed, **kwargs):
+    """``[(worker id, incarnation, k, pid, worker seed, random's draw,
+    numpy's draw)]`` of the examples of 30 batches of 4
+    (``helpers.GlobalDraws``)."""
+    dataset = kwargs.pop('dataset', None) or helpers.GlobalDraws(16)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              seed=seed, start_method=method,
+                              **kwargs) as it:
+        examples = [e for _ in range(30) for e in next(it)]
+    assert [e[0] for e in examples] == list(range(16)) * 7 + list(range(8))
+    return [e[2:4] + (e[5], e[1], e[4]) + e[6:] for e in examples]
+
+
+def draws_of_their_own(examples, replaced):
+    """``{(worker id, incarnation, k): (worker seed, draws)}``, once it
+    is checked that every draw of random and of numpy's global RNG
+    differs (62 bits: a repeat is a replayed stream) and that
+    ``get_worker_info()`` tells the workers apart: one process for each
+    (id, incarnation), each with a seed of its own, ``replaced`` of them
+    (at least) replacements."""
+    for column in (5, 6):
+        values = [e[column] for e in examples]
+        assert len(set(values)) == len(values)
+    workers = {}
+    for worker_id, incarnation, _, pid, seed, _, _ in examples:
+        assert workers.setdefault((worker_id, incarnation),
+                                  (pid, seed)) == (pid, seed)
+    assert {w for w, _ in workers} == {0, 1}
+    assert len({seed for _, seed in workers.values()}) == len(workers)
+    assert len({pid for pid, _ in workers.values()}) == len(workers)
+    assert sum(1 for _, incarnation in workers if incarnation) >= replaced
+    draws = {e[:3]: e[4:] for e in examples}
+    assert len(draws) == len(examples)
+    return draws
+
+
+def test_replaced_workers_draw_numbers_of_their_own(method):
+    # A dataset that augments with the global RNGs, and maxtasksperchild:
+    # each replacement draws numbers of its own, the same ones for the
+    # same seed; the first worker of each id is seeded as before.
+    draws = draws_of_their_own(global_draws(method, 3, maxtasksperchild=3),
+                               replaced=4)
+    assert (draws[(0, 0, 0)][0], draws[(1, 0, 0)][0]) == (3, 4)  # seed + id
+    again = draws_of_their_own(global_draws(method, 3, maxtasksperchild=3),
+                               replaced=4)
+    common = set(draws) & set(again)
+    assert len(common) >= len(draws) // 2
+    assert {key: draws[key] for key in common} == \
+        {key: again[key] for key in common}
+
+
+def test_a_worker_replaced_after_a_death_draws_numbers_of_its_own(
+        method, tmp_path):
+    # The worker that loads example 13 dies (once); the one that takes
+    # its place (its id, incarnation 1) draws numbers of its own.
+    dataset = helpers.GlobalDraws(16, kill_at=13,
+                                  once_file=str(tmp_path / 'killed'))
+    with pytest.warns(chainiter.WorkerRestartWarning, match='signal 9'):
+        examples = global_draws(method, 3, dataset=dataset)
+    draws_of_their_own(examples, replaced=1)
+
+
 def test_maxtasksperchild_replaces_workers(method):
     dataset = Pids()
     with MultiprocessIterator(dataset, 4, n_processes=2, maxtasksperchild=1,

@@ -196,10 +196,11 @@ class _Descriptor:
         return self.fd
 
 
-def _round_trip(obj, arrays=None):
-    """``obj`` as a worker gets it, and the pickle's size."""
-    arrays = arrays or share.ArrayShare()
-    data, blocks = arrays.dumps(obj)
+def _round_trip(obj=None, arrays=None):
+    """``obj`` as a worker gets it (or what ``arrays`` holds), the
+    pickle's size, and the share."""
+    arrays = arrays or share.ArrayShare(obj)
+    data, blocks = arrays.pickled()
     received = share.Received(data, {
         key: (shared.size, _Descriptor(os.dup(shared.fd)))
         for key, shared in blocks.items()})
@@ -228,17 +229,19 @@ def test_large_arrays_leave_the_pickle():
         assert got['small'].flags.writeable
         assert type(got['subclass']) is numpy.recarray
         assert got['subclass'].flags.writeable         # by value
-        # A second pickling (a restarted worker) makes no new block.
-        _, _, _ = _round_trip(obj, arrays)
-        assert len(arrays._blocks) == 1
-        del got
+        # A restarted worker gets the same bytes and blocks.
+        assert arrays.pickled() == arrays.pickled()
+        again, _, _ = _round_trip(arrays=arrays)
+        assert again['a'] is again['again'][0]
+        numpy.testing.assert_array_equal(again['a'], obj['a'])
+        del got, again
     finally:
         arrays.release()
 
 
 def test_check_picklable_copies_no_array():
     out = io.BytesIO()
-    array_pickle.Pickler(out, {}, 0).dump([numpy.zeros(2 ** 21)])
+    array_pickle.Pickler(out, 0).dump([numpy.zeros(2 ** 21)])
     assert len(out.getvalue()) < 1000
     # Arrays under the threshold are pickled (written without a copy).
     array_pickle.check_picklable([numpy.zeros(2 ** 16), numpy.zeros(2 ** 21)])
@@ -545,3 +548,72 @@ def test_arrays_go_to_the_temporary_directory_when_dev_shm_is_small(
     assert 'WARNING SharedMemoryWarning' in out.stdout
     assert '/dev/shm' in out.stdout and str(tmp) in out.stdout
     assert os.listdir(tmp) == []
+
+
+# ---- one dataset for the pool's life ----------------------------------------
+
+BEFORE = ('before', 0.0, 0.0, 0.0)
+
+
+def test_workers_started_later_see_the_dataset_as_the_first_did(method):
+    # Replacements (maxtasksperchild=1: every batch a new worker) started
+    # after the main process changed the dataset see it as the first
+    # workers did: attributes, small arrays and large ones alike.
+    dataset = helpers.LaterWrites()
+    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=2,
+                              maxtasksperchild=1, shuffle=False,
+                              start_method=method) as it:
+        before = [e for _ in range(2) for e in next(it)]
+        dataset.write()
+        alive = helpers.worker_pids()
+        after = [e for _ in range(12) for e in next(it)]
+        depth = it.stats['prefetch']
+    assert {e[2] for e in before + after} == {BEFORE}
+    assert [e[0] for e in after] == [(8 + j) % 16 for j in range(48)]
+    # A worker neither alive at the write nor seen before it loaded one of
+    # the batches in flight then (at most ``depth``: one task each), or
+    # started after the write.
+    fresh = {e[1] for e in after} - alive - {e[1] for e in before}
+    assert len(fresh) > depth
+
+
+def test_reset_keeps_the_workers_dataset_and_a_copy_takes_the_new_one(
+        method):
+    # reset() keeps the pool, so its workers (replacements too) keep the
+    # dataset they had; a copy starts its own workers, with the dataset
+    # as it is then.
+    import copy
+    dataset = helpers.LaterWrites()
+    with MultiprocessIterator(dataset, 4, n_processes=1, n_prefetch=1,
+                              maxtasksperchild=1, shuffle=False,
+                              start_method=method) as it:
+        next(it)
+        dataset.write()
+        it.reset()
+        kept = {e[2] for _ in range(3) for e in next(it)}
+        with copy.copy(it) as other:
+            taken = {e[2] for _ in range(3) for e in next(other)}
+    assert kept == {BEFORE}
+    assert taken == {('after', 1.0, 1.0, 1.0)}
+
+
+def test_replacing_a_large_array_holds_no_more_shared_memory(method):
+    # A program that replaces a large array of its dataset now and then
+    # (a curriculum, a refreshed cache) while workers are replaced: the
+    # shared memory held stays flat, and the arrays it dropped are freed.
+    import weakref
+    dataset = helpers.LaterWrites()
+    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=2,
+                              maxtasksperchild=1, shuffle=False,
+                              start_method=method) as it:
+        for _ in range(6):
+            next(it)
+        held = helpers.shared_bytes()
+        dropped = []
+        for k in range(24):
+            dropped.append(weakref.ref(dataset.replaced))
+            dataset.replace(k)
+            assert {e[2] for e in next(it)} == {BEFORE}
+        gc.collect()
+        assert helpers.shared_bytes() == held
+        assert [ref() for ref in dropped] == [None] * 24

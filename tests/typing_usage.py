@@ -96,7 +96,8 @@ def main() -> None:
     shared: numpy.ndarray = chainiter.shared_copy(data)
     empty = chainiter.shared_empty((2, 3), numpy.float32)
     info = chainiter.get_worker_info()
-    worker: Optional[int] = None if info is None else info.id
+    worker: Optional[Tuple[int, int]] = None if info is None else (
+        info.id, info.incarnation)
     env: distributed.Shard = distributed.from_environment({})
     bounds: List[Tuple[int, int]] = distributed.share_bounds(10, 2)
     sampler = iterators.ShuffleOrderSampler(numpy.random.RandomState(0))

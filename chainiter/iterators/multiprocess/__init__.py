@@ -72,11 +72,12 @@ One file, one idea:
   watched, its scheduling, its global RNGs); ``sinks.py``: where it puts
   examples;
   ``converted.py``: a converter run in the workers.
-- ``share.py``: under spawn and forkserver, the dataset's large arrays
-  travel to the workers as a read-only shared copy (the main process's
-  own arrays stay as they are); ``array_places.py``: where such an array
-  lies (pure); ``array_pickle.py``: the pickler that takes them out of
-  the dataset's pickle, and the unpickler that views them;
+- ``share.py``: under spawn and forkserver, the dataset is pickled once
+  per pool (every worker, a replacement too, gets those bytes) and its
+  large arrays travel to the workers as a read-only shared copy (the main
+  process's own arrays stay as they are); ``array_places.py``: where
+  such an array lies (pure); ``array_pickle.py``: the pickler that takes
+  them out of the dataset's pickle, and the unpickler that views them;
   ``shared_arrays.py``: ``shared_empty`` and ``shared_copy``, arrays in
   shared memory from the start; ``by_value.py``: what
   the workers cannot import (a notebook's classes, lambdas) goes by value,

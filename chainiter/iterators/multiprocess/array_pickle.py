@@ -21,21 +21,19 @@ def _view(*args):
 
 
 class Pickler(pickle.Pickler):
-    """Pickles with the large arrays taken out: known ones at their place,
-    new ones given a place in block ``block`` (recorded in ``new``).  It
+    """Pickles with the large arrays taken out, each given a place in block
+    ``block`` (recorded in ``new``; one reached again keeps its place).  It
     raises ``_ByValue`` at a class or function that the workers cannot
     import (``by_value.wanted``): ``dump`` then takes
     ``_CloudPickler``, which sends those by value."""
 
-    def __init__(self, file, known, block, lent=None):
+    def __init__(self, file, block, lent=None):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.lent = lent          # ArrayShare.lend, or None: a check only
-        self.known = known        # id -> (array, Place or FilePlace)
         self.block = block
         self.new = {}             # id -> (array, Place or FilePlace)
         self.size = 0             # bytes of the new block
         self.used = set()         # keys of the blocks the stream refers to
-        self.by_value = False     # whether cloudpickle's pickler did it
 
     def reducer_override(self, obj):
         if shared_arrays.lent and type(obj) is numpy.ndarray:
@@ -50,7 +48,7 @@ class Pickler(pickle.Pickler):
             if by_value.wanted(obj):
                 return self._by_value(obj)
             return NotImplemented
-        found = self.known.get(id(obj)) or self.new.get(id(obj))
+        found = self.new.get(id(obj))
         if found is None:
             where = file_place(obj)
             if where is None:
@@ -96,26 +94,21 @@ def _cloud_pickler_class(obj):
     return _cloud_pickler
 
 
-def dump(obj, file, known, block, by_value=False, lent=None):
+def dump(obj, file, block, lent=None):
     """``obj`` pickled into ``file``: the pickler, which tells the arrays
-    it took out (and ``by_value``, whether it was cloudpickle's).  By plain
-    pickle (as fast, and no cloudpickle needed) unless ``obj`` holds a
-    class or function that only cloudpickle can send, or ``by_value``
-    says it did last time; ``file`` must be empty."""
-    if by_value and _cloud_pickler is not None:
-        cls = _cloud_pickler
-    else:
-        pickler = Pickler(file, known, block, lent)
-        try:
-            pickler.dump(obj)
-            return pickler
-        except _ByValue as e:
-            cls = _cloud_pickler_class(e.obj)
+    it took out.  By plain pickle (as fast, and no cloudpickle needed)
+    unless ``obj`` holds a class or function that only cloudpickle can
+    send; ``file`` must be empty."""
+    pickler = Pickler(file, block, lent)
+    try:
+        pickler.dump(obj)
+        return pickler
+    except _ByValue as e:
+        cls = _cloud_pickler_class(e.obj)
     file.seek(0)
     file.truncate()
-    pickler = cls(file, known, block, lent)
+    pickler = cls(file, block, lent)
     pickler.dump(obj)
-    pickler.by_value = True
     return pickler
 
 
@@ -137,7 +130,7 @@ def check_picklable(obj):
     """Pickle ``obj`` as a worker would get it, writing nothing anywhere:
     raises what pickling raises, and ``by_value.Missing`` when it needs
     cloudpickle, which is not installed."""
-    dump(obj, _Discard(), {}, 0)
+    dump(obj, _Discard(), 0)
 
 
 class Unpickler(pickle.Unpickler):

@@ -1,13 +1,15 @@
 """Starting worker processes, and learning when they exit.
 
-Two launchers with one interface: ``start(worker_id)`` returns a
-``Launched`` (its ``conn`` is the parent's end of the worker's socket, usable
-at once), ``watched()`` lists what the receiver thread must wait on, and
-``exits(ready)`` turns the ones that were ready into ``(launched, exitcode)``.
+Two launchers with one interface: ``start(worker_id, incarnation)`` returns
+a ``Launched`` (its ``conn`` is the parent's end of the worker's socket,
+usable at once), ``watched()`` lists what the receiver thread must wait on,
+and ``exits(ready)`` turns the ones that were ready into ``(launched,
+exitcode)``.
 
 - ``ProcessLauncher`` (spawn, forkserver): one ``Process`` per worker.  These
   start methods never fork the calling process, so any thread may start a
-  worker.
+  worker.  Each gets the pool's one pickle of the dataset (share.py): the
+  dataset as it was at the first start.
 - ``ForkLauncher`` (fork): a helper process, forked once when the pool starts
   (before its receiver thread exists), forks every worker, the replacements
   of dead workers included.  Forking a process that has other threads may
@@ -76,10 +78,11 @@ def stop(processes, timeout=_JOIN_TIMEOUT_S):
                          max(0.0, deadline - time.monotonic()))
 
 
-def _worker_args(pool_args, worker_id, conn, parent_pid, by_main_thread):
+def _worker_args(pool_args, worker_id, incarnation, conn, parent_pid,
+                 by_main_thread):
     dataset, seed, n_workers, worker_init_fn, max_tasks = pool_args
-    return (conn, dataset, seed, worker_id, n_workers, worker_init_fn,
-            parent_pid, max_tasks, by_main_thread)
+    return (conn, dataset, seed, worker_id, incarnation, n_workers,
+            worker_init_fn, parent_pid, max_tasks, by_main_thread)
 
 
 def _exitcode(process):
@@ -102,13 +105,13 @@ class ProcessLauncher:
         self._next_key = 0
         self._running = {}     # sentinel -> Launched
 
-    def start(self, worker_id):
+    def start(self, worker_id, incarnation):
         parent_conn, child_conn = self._ctx.Pipe()
         process = self._ctx.Process(
             target=_worker.worker_main,
             name='chainiter-worker-{}'.format(worker_id),
             args=_worker_args(
-                self._args, worker_id, child_conn, os.getpid(),
+                self._args, worker_id, incarnation, child_conn, os.getpid(),
                 threading.current_thread() is threading.main_thread()),
             daemon=True)
         try:
@@ -164,13 +167,13 @@ class ForkLauncher:
         self.process.start()
         theirs.close()
 
-    def start(self, worker_id):
+    def start(self, worker_id, incarnation):
         ours, theirs = socket.socketpair()
         key = self._next_key
         self._next_key += 1
         with self._control_lock:
-            _send_fd(self._control, '{} {}\n'.format(key, worker_id).encode(),
-                     theirs.fileno())
+            _send_fd(self._control, '{} {} {}\n'.format(
+                key, worker_id, incarnation).encode(), theirs.fileno())
         theirs.close()
         conn = multiprocessing.connection.Connection(ours.detach())
         launched = Launched(key, conn)
@@ -272,13 +275,14 @@ def _launcher_main(control, pool_args, parent_pid, by_main_thread):
         pending += data
         *lines, pending = pending.split(b'\n')
         for line, fd in zip(lines, fds):
-            key, worker_id = map(int, line.split())
+            key, worker_id, incarnation = map(int, line.split())
             conn = multiprocessing.connection.Connection(fd)
             process = ctx.Process(
                 target=_run_worker, name='chainiter-worker-{}'.format(
                     worker_id),
-                args=(control, _worker_args(pool_args, worker_id, conn,
-                                            os.getpid(), True)),
+                args=(control, _worker_args(pool_args, worker_id,
+                                            incarnation, conn, os.getpid(),
+                                            True)),
                 daemon=True)
             process.start()
             conn.close()

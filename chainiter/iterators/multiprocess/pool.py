@@ -84,7 +84,8 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         # storm of them start workers faster than spawn could.)
         self._touched = None
         self._n_workers = n_workers
-        self._next_worker_id = 0
+        # Workers started with each id (WorkerInfo.incarnation).
+        self._incarnations = [0] * n_workers
         self._start_failures = 0
         self._warned_no_room = False
         # Under spawn and forkserver the large arrays of the dataset go to
@@ -95,13 +96,15 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
             self.launcher = ForkLauncher(ctx, (
                 dataset, seed, n_workers, worker_init_fn, max_tasks))
         else:
-            self.shared_arrays = share.ArrayShare()
             # The worker_init_fn travels in the dataset's pickle: what a
             # notebook defines goes by value, and a worker_init_fn that sets
             # a global the dataset reads must set the dataset's copy of it.
+            # Pickled once, at the first start: every worker, a replacement
+            # too, gets the same bytes (share.py).
+            self.shared_arrays = share.ArrayShare((dataset, worker_init_fn))
             self.launcher = ProcessLauncher(ctx, (
-                share.Shipped((dataset, worker_init_fn), self.shared_arrays),
-                seed, n_workers, None, max_tasks))
+                share.Shipped(self.shared_arrays), seed, n_workers, None,
+                max_tasks))
         forks.POOLS.add(self)
         self.receiver = receiver.Receiver(self)
         try:

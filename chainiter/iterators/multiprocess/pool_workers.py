@@ -20,9 +20,15 @@ class PoolWorkers:
     def start_worker(self):
         """Start one worker (the main thread while the pool is built,
         then the receiver thread, under the lock)."""
-        worker_id = self._next_worker_id % self._n_workers
-        self._next_worker_id += 1
-        worker = Worker(worker_id, self.launcher.start(worker_id))
+        # The id that no worker taking tasks has: a replacement takes the
+        # id of the worker it replaces, and counts as its next incarnation.
+        taken = {self.workers[key].id for key in self.book.accepting()
+                 if key in self.workers}
+        worker_id = min(set(range(self._n_workers)) - taken)
+        incarnation = self._incarnations[worker_id]
+        worker = Worker(worker_id, self.launcher.start(worker_id,
+                                                       incarnation))
+        self._incarnations[worker_id] += 1
         self.book.add_worker(worker.key)
         self.workers[worker.key] = worker
         self.receiver.wake()       # so that it watches the new worker
@@ -57,16 +63,13 @@ class PoolWorkers:
                 return
             self.receiver.retry_later()
         except Exception as e:
-            # Under spawn and forkserver the dataset is pickled for each
-            # worker (a replacement too: maxtasksperchild, a death), and
-            # that may fail the second time: another try would too.
+            # Not a shortage: another try would fail the same way.  (The
+            # dataset is pickled once, at the first start, which the pool's
+            # construction raises: a replacement gets those bytes.)
             self._put_ready(self.book.fail_all(
                 'a new worker process could not start: starting it raised '
-                '{}: {} (under the {!r} start method the dataset and '
-                'worker_init_fn are pickled for every worker, those that '
-                'replace a worker after maxtasksperchild or a death '
-                'too). No more workers are started; fix the cause and '
-                'build a new iterator'.format(
+                '{}: {} (start method {!r}). No more workers are started; '
+                'fix the cause and build a new iterator'.format(
                     type(e).__name__, e, self.method), e))
             return
         else:

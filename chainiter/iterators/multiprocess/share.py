@@ -4,24 +4,27 @@ Under spawn and forkserver a worker gets the dataset by pickling, and each
 worker would unpickle a private copy of every array in it.  Instead the
 pair ``(dataset, worker_init_fn)`` is pickled (in one pickle, so that what
 goes by value is one copy for both) by ``Pickler`` (array_pickle.py),
-which takes every large array out of the stream:
+which takes every large array out of the stream.  It is pickled once, at
+the pool's first worker start; every later worker (a replacement after a
+death or ``maxtasksperchild``) gets the same bytes and blocks:
 
 ::
 
   main process: ArrayShare (one per pool)             worker
   ───────────────────────────────────────             ──────
   Shipped.__reduce__ (at every worker start)
+    ArrayShare.pickled(): the first time,
     Pickler.dump(obj)
-      large ndarray ─► seen before?  its Place
+      large ndarray ─► seen before in this pickle?  its Place
                        a numpy.memmap of a file: (filename, offset)
-                       else: a Place in a new block
+                       else: a Place in the block
       a class or function the worker cannot import (a notebook's, a
       lambda, a closure: by_value.py) ─► pickled again by _CloudPickler,
                        which sends those by value (cloudpickle)
       anything else ─► pickled as usual
-    a new block: SharedBuffer.allocate; the arrays copied in
+    the block: SharedBuffer.allocate; the arrays copied in
     (by ``fill``, after the first workers started), unmapped (only its
-    descriptor kept)
+    descriptor kept); later: the same bytes and blocks
     ─► Received(bytes, {key: (size, DupFd)}) ── Process args ──► Received.load()
                                                         (first waits for
                                                         ('ready',) when the
@@ -47,17 +50,19 @@ and smaller arrays are pickled by value, as before.
   touched: the block holds a copy, so the process tree holds such an
   array twice (the main process's and the block), never once per worker.
   When the arrays copied for one pool pass ``COPY_WARN_BYTES``, the pool
-  warns once, naming the ways to hold them once.
+  warns once, naming the ways to hold them once.  The share keeps no
+  reference to them once they are copied: an array the program drops or
+  replaces is freed.
 - The worker's arrays are read-only views of the block: writing raises
   numpy's ``ValueError: assignment destination is read-only``.
 - Non-contiguous arrays are copied contiguous (C order) into the block;
   Fortran-ordered ones stay Fortran-ordered.
-- An array reached twice (in one pickling, or at a worker restart) is
-  stored once: places are remembered by ``id()``, and the arrays are kept
-  alive by the share until the pool closes.  Every worker, a restarted
-  one too, sees the arrays as they were when first shipped: what the main
-  process writes into them later stays its own.  Arrays the dataset has
-  gained since go to a new block.
+- An array reached twice is stored once (places are remembered by
+  ``id()`` while pickling).  Every worker, a replacement too, sees the
+  whole dataset (its attributes, small and large arrays) as it was at the
+  pool's first worker start: what the main process writes into it or
+  replaces later stays its own, and the pool holds one block for its
+  life however often workers are replaced.
 - A ``numpy.memmap`` of a named file (opened with mode 'r', 'r+' or 'w+',
   or a view of one) is passed by file name and offset: the worker maps the
   same file read-only, so the OS shares its pages.  Its workers see what
@@ -71,11 +76,11 @@ and smaller arrays are pickled by value, as before.
 - Arrays that view other shared memory (e.g. batches of another iterator)
   are copied into the block like any array.
 
-Here: ``ArrayShare`` owns the blocks; ``Shipped`` and ``Received`` are
-the two ends.  The pure parts, ``shareable``, ``place`` and ``view``, are
-in array_places.py; the pickler and unpickler in array_pickle.py;
-``shared_empty`` and ``shared_copy``, which make the arrays that need no
-block, in shared_arrays.py.
+Here: ``ArrayShare`` owns the pickle and its blocks; ``Shipped`` and
+``Received`` are the two ends.  The pure parts, ``shareable``, ``place``
+and ``view``, are in array_places.py; the pickler and unpickler in
+array_pickle.py; ``shared_empty`` and ``shared_copy``, which make the
+arrays that need no block, in shared_arrays.py.
 """
 
 import collections
@@ -100,17 +105,24 @@ STEP_BYTES = 64 * 2 ** 20
 
 
 class ArrayShare:
-    """The shared blocks of one pool: what its workers have been sent.
+    """The one pickle of what a pool's workers get (``obj``: its dataset
+    and worker_init_fn), and the shared blocks it refers to.
 
-    ``dumps`` runs at every worker start (any thread); ``release`` when the
-    pool closes, after its workers have ended.
+    ``pickled`` runs at every worker start (any thread): the first call
+    pickles ``obj`` and lets it go, every later one returns the same
+    bytes and blocks (the bytes, the pickle less its large arrays, are
+    kept for the pool's life).  ``release`` when the pool closes, after its
+    workers have ended.
     """
 
-    def __init__(self):
+    #: The key of the block that the pickle's own arrays are copied into.
+    BLOCK = 0
+
+    def __init__(self, obj):
         self._lock = threading.Lock()
-        self._known = {}        # id(array) -> (array, Place or FilePlace)
+        self._obj = obj
+        self._pickled = None    # (bytes, {key: block}), once pickled
         self._blocks = {}       # key -> SharedBuffer, its descriptor only
-        self._by_value = False  # whether it took cloudpickle's pickler
         self._released = False
         self._lent = {}         # id(mapping) -> (key, _Lent): kept alive
         self._copied = 0        # bytes of arrays copied into blocks
@@ -127,15 +139,15 @@ class ArrayShare:
         return found[0]
 
     def defer(self):
-        """Until ``fill()``: a new block is made (its size is known) but
-        the arrays are not copied into it yet.  The workers it is sent to
-        must not read it before the pool tells them (``unfilled``)."""
+        """Until ``fill()``: the block is made (its size is known) but the
+        arrays are not copied into it yet.  The workers it is sent to must
+        not read it before the pool tells them (``unfilled``)."""
         with self._lock:
             self._unfilled = []
 
     def fill(self):
-        """Copy the arrays into the blocks made since ``defer()``; True
-        when there were any.  Stops deferring."""
+        """Copy the arrays into the block made since ``defer()``; True
+        when there was one.  Stops deferring."""
         with self._lock:
             unfilled, self._unfilled = self._unfilled or [], None
             for _, shared, arrays in unfilled:
@@ -144,45 +156,49 @@ class ArrayShare:
             return bool(unfilled)
 
     def unfilled(self, blocks):
-        """Whether some of ``blocks`` (as ``dumps`` returned them) are not
-        filled yet."""
+        """Whether some of ``blocks`` (as ``pickled`` returned them) are
+        not filled yet."""
         with self._lock:
             return any(key in blocks for key, _, _ in self._unfilled or ())
 
-    def dumps(self, obj):
-        """``(bytes, {key: SharedBuffer})``: ``obj`` pickled, and the blocks
-        the bytes refer to."""
+    def pickled(self):
+        """``(bytes, {key: SharedBuffer})``: ``obj`` pickled (at the first
+        call), and the blocks the bytes refer to."""
         with self._lock:
             if self._released:
                 raise RuntimeError('the shared arrays were released')
-            key = len(self._blocks)
-            stream = io.BytesIO()
-            pickler = dump(obj, stream, self._known, key, self._by_value,
-                           self.lend)
-            self._by_value = pickler.by_value     # the next time too
-            if key in pickler.used and self._unfilled is not None:
-                # Recorded as soon as made: an interrupt leaves no block
-                # that release() would not close.
-                with uninterrupted():
-                    shared = SharedBuffer.allocate(pickler.size,
-                                                   reserve=False)
-                    self._blocks[key] = shared
-                    self._unfilled.append((key, shared, pickler.new))
-            elif key in pickler.used:
-                shared = SharedBuffer.allocate(pickler.size)
-                try:
-                    self._fill(shared, pickler.new)
-                except BaseException:
-                    shared.release()
-                    raise
+            if self._pickled is None:
+                self._pickled = self._dump(self._obj)
+                self._obj = None
+            return self._pickled
+
+    def _dump(self, obj):
+        """``obj`` pickled, its new block made (filled unless deferring);
+        under the lock."""
+        key = self.BLOCK
+        stream = io.BytesIO()
+        pickler = dump(obj, stream, key, self.lend)
+        if key in pickler.used and self._unfilled is not None:
+            # Recorded as soon as made: an interrupt leaves no block that
+            # release() would not close.
+            with uninterrupted():
+                shared = SharedBuffer.allocate(pickler.size, reserve=False)
                 self._blocks[key] = shared
-            self._known.update(pickler.new)
-            self._copied += sum(array.nbytes for array, where in
-                                pickler.new.values()
-                                if isinstance(where, Place))
-            blocks = dict(self._blocks)
-            blocks.update(lent for lent in self._lent.values())
-            return stream.getvalue(), {k: blocks[k] for k in pickler.used}
+                self._unfilled.append((key, shared, pickler.new))
+        elif key in pickler.used:
+            shared = SharedBuffer.allocate(pickler.size)
+            try:
+                self._fill(shared, pickler.new)
+            except BaseException:
+                shared.release()
+                raise
+            self._blocks[key] = shared
+        self._copied += sum(array.nbytes for array, where in
+                            pickler.new.values()
+                            if isinstance(where, Place))
+        blocks = dict(self._blocks)
+        blocks.update(lent for lent in self._lent.values())
+        return stream.getvalue(), {k: blocks[k] for k in pickler.used}
 
     def _fill(self, shared, arrays):
         """Copy ``arrays`` into the new block ``shared`` and unmap it (only
@@ -213,7 +229,7 @@ class ArrayShare:
         with self._lock:
             self._released = True
             blocks, self._blocks = self._blocks, {}
-            self._known = {}
+            self._obj = self._pickled = None
             self._lent = {}         # the user's: not ours to release
         for shared in blocks.values():
             shared.release()
@@ -243,16 +259,15 @@ class _Lent(collections.namedtuple('_Lent', 'size fd mapping')):
 
 
 class Shipped:
-    """``obj`` on its way to a spawned worker, which gets a ``Received``.
-    Pickled only while a process starts (the blocks travel as descriptors
-    that multiprocessing hands to the new process)."""
+    """The object of ``share`` on its way to a spawned worker, which gets a
+    ``Received``.  Pickled only while a process starts (the blocks travel
+    as descriptors that multiprocessing hands to the new process)."""
 
-    def __init__(self, obj, share):
-        self.obj = obj
+    def __init__(self, share):
         self.share = share
 
     def __reduce__(self):
-        data, blocks = self.share.dumps(self.obj)
+        data, blocks = self.share.pickled()
         return Received, (data, {key: (shared.size,
                                        reduction.DupFd(shared.fd))
                                  for key, shared in blocks.items()},

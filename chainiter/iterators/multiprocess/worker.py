@@ -25,7 +25,7 @@ from chainiter.iterators.multiprocess import (
     converted, remote, share, sinks, wire)
 from chainiter.iterators.multiprocess.shm import SharedBuffer, reserve_pages
 from chainiter.iterators.multiprocess.worker_process import (
-    seed_global_rngs, watch_parent, yield_to_the_trainer)
+    seed_global_rngs, watch_parent, worker_stream, yield_to_the_trainer)
 
 
 class RunQueueClock:
@@ -76,7 +76,7 @@ def _load(dataset, step, seed, sink, batched):
     return sink.result(), None
 
 
-def worker_main(conn, dataset, seed, worker_id, num_workers,
+def worker_main(conn, dataset, seed, worker_id, incarnation, num_workers,
                 worker_init_fn, parent_pid, max_tasks, by_main_thread):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     yield_to_the_trainer()
@@ -85,9 +85,10 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         wire.send_frame(conn, wire.header(0, STARTED, 0))
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return
-    _context.set_worker_info(_context.WorkerInfo(worker_id, num_workers,
-                                                 seed + worker_id))
-    set_up = _set_up(conn, dataset, seed, worker_id, worker_init_fn)
+    stream = worker_stream(worker_id, num_workers, incarnation)
+    _context.set_worker_info(_context.WorkerInfo(
+        worker_id, num_workers, seed + stream, incarnation))
+    set_up = _set_up(conn, dataset, seed, worker_id, stream, worker_init_fn)
     if set_up is None:
         return
     dataset, converter = set_up
@@ -127,7 +128,7 @@ def worker_main(conn, dataset, seed, worker_id, num_workers,
         done += task.weight
 
 
-def _set_up(conn, dataset, seed, worker_id, worker_init_fn):
+def _set_up(conn, dataset, seed, worker_id, stream, worker_init_fn):
     """``(dataset, converter)``: the dataset (its arrays mapped, under
     spawn and forkserver) and the converter to run here, once the global
     RNGs are seeded and ``worker_init_fn`` has run; None when the worker
@@ -152,7 +153,7 @@ def _set_up(conn, dataset, seed, worker_id, worker_init_fn):
         what = 'seeding the global RNGs (random, numpy, torch) failed'
         # After the dataset (its module may import torch), before
         # worker_init_fn (which may seed otherwise).
-        seed_global_rngs(seed, worker_id)
+        seed_global_rngs(seed, stream)
         what = 'worker_init_fn({}) raised'.format(worker_id)
         if worker_init_fn is not None:
             worker_init_fn(worker_id)

@@ -81,17 +81,28 @@ def _set_parent_death_signal():
 _NUMPY_GLOBAL_STREAM = 0x6e70676c
 
 
-def seed_global_rngs(seed, worker_id):
+def worker_stream(worker_id, num_workers, incarnation):
+    """Which stream of the global RNGs a worker draws from: its id for the
+    first worker of each id, ``worker_id + incarnation * num_workers`` for
+    the one that replaces it the ``incarnation``-th time (after
+    ``maxtasksperchild`` or a death), as if each replacement were a worker
+    of its own in a pool that never replaces any: no two workers of a pool
+    replay each other's numbers."""
+    return worker_id + incarnation * num_workers
+
+
+def seed_global_rngs(seed, stream):
     """Seed, as PyTorch's DataLoader does in its workers, the global RNGs a
     dataset may draw from: ``random`` and torch (only if already imported,
-    e.g. by the dataset's module) with ``seed + worker_id``, numpy's from
-    ``(seed, worker_id)``.  So workers draw different numbers, forked ones
+    e.g. by the dataset's module) with ``seed + stream``, numpy's from
+    ``(seed, stream)`` (``stream``: ``worker_stream``, the worker id for
+    the first workers).  So workers draw different numbers, forked ones
     too, and the same ones for the same seed.  ``example_rng()`` stays the
     exact, resumable way: these depend on which worker loads an example."""
-    worker_seed = seed + worker_id
+    worker_seed = seed + stream
     random.seed(worker_seed)
     numpy.random.seed(numpy.random.SeedSequence(
-        [seed, _NUMPY_GLOBAL_STREAM, worker_id]).generate_state(4))
+        [seed, _NUMPY_GLOBAL_STREAM, stream]).generate_state(4))
     torch = sys.modules.get('torch')
     if torch is not None and hasattr(torch, 'manual_seed'):
         torch.manual_seed(worker_seed)
