@@ -230,6 +230,25 @@ def test_dcp_loads_into_a_fresh_loader_in_a_new_process(tmp_path):
             assert tail == full[k:], (kind, k)
 
 
+def test_dcp_one_key_for_all_ranks_of_a_sharded_run(tmp_path):
+    """Two gloo ranks, each with its shard of one run, save {'loader':
+    loader} after 3 steps (one key: the state is global, the same on every
+    rank); two fresh ranks load it and go on with their shares of the next
+    global batches, and so does a single process (another number of
+    ranks)."""
+    need('torch')
+    import torch.distributed
+    if not torch.distributed.is_available():
+        pytest.skip('torch.distributed is not available')
+    out = in_new_process('dcp_ranks.py', tmp_path)
+    with chainiter.SerialIterator(list(range(10)), 4, seed=3) as it:
+        steps = [[int(i) for i in next(it)] for _ in range(8)][3:]
+    assert out['load1-0'] == steps
+    for rank in range(2):
+        assert out['load2-{}'.format(rank)] == [
+            step[2 * rank:2 * rank + 2] for step in steps]
+
+
 def test_accelerate_checkpoints_the_loader(tmp_path):
     """register_for_checkpointing(loader), save_state; in a new process
     load_state: the rest of the run.  prepare() hands the loader back."""
@@ -262,3 +281,89 @@ def test_hf_datasets_load_in_batches_as_they_are(method, fmt):
                 start_method=method) as it:
         for _ in range(8):
             assert fingerprint(next(it)) == fingerprint(next(ref))
+
+
+# ---- the guide's examples (docs/frameworks.rst) ----------------------------
+
+EXAMPLES = os.path.join(ROOT, 'docs', '_examples', 'frameworks')
+
+
+def run_example(name, capsys, *args):
+    """Run ``main()`` of a guide example here (the frameworks are imported
+    already); return its printed lines.  The frameworks' own warnings are
+    theirs."""
+    import runpy
+    example = runpy.run_path(os.path.join(EXAMPLES, name + '_example.py'))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            'ignore', module=r'(torch|lightning|keras|accelerate|datasets)\.')
+        example['main'](*args)
+    return example, capsys.readouterr().out.splitlines()
+
+
+def printed_batches(lines, with_epoch):
+    """The ``[epoch E] batch [labels]`` lines, parsed."""
+    out = []
+    for line in lines:
+        words = line.split(' ', 3 if with_epoch else 1)
+        if with_epoch and words[0] == 'epoch':
+            out.append((int(words[1]), json.loads(words[3])))
+        elif not with_epoch and words[0] == 'batch':
+            out.append(json.loads(words[1]))
+    return out
+
+
+def test_guide_lightning_example(tmp_path, capsys):
+    need('torch', 'lightning')
+    _, lines = run_example('lightning', capsys, str(tmp_path))
+    assert 'batches per epoch: 3' in lines
+    assert printed_batches(lines, True) == reference(10, False, 3, seed=0)
+
+
+@keras_warnings
+def test_guide_keras_example(keras_run, tmp_path, capsys):
+    _, lines = run_example('keras', capsys, str(tmp_path))
+    assert 'stopped' in lines
+    assert printed_batches(lines, False) == [
+        labels for _, labels in reference(10, False, 3, seed=0)]
+
+
+def test_guide_accelerate_example(tmp_path, capsys):
+    need('torch', 'accelerate')
+    _, lines = run_example('accelerate', capsys, str(tmp_path))
+    assert printed_batches(lines, False) == [
+        labels for _, labels in reference(10, False, 2, seed=0)]
+
+
+def test_guide_dcp_example(tmp_path, capsys):
+    need('torch')
+    _, lines = run_example('dcp', capsys, str(tmp_path))
+    assert printed_batches(lines, False) == [
+        labels for _, labels in reference(10, True, 1, seed=0)]
+
+
+def test_guide_torch_save_example(tmp_path, capsys):
+    """The loop stopped after 4 steps and resumed from its torch.save file
+    sees the uninterrupted run's batches and ends with its weights."""
+    need('torch')
+    import torch
+    example, lines = run_example('torch_save', capsys, str(tmp_path))
+    assert printed_batches(lines, True) == reference(10, True, 3, seed=0)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    with example['make_iterator']() as it:
+        example['train'](it, model, torch.optim.SGD(model.parameters(),
+                                                    lr=0.01),
+                         3, str(tmp_path / 'again.pt'))
+    capsys.readouterr()
+    assert lines[-1] == 'weights {}'.format(
+        [round(w, 6) for w in model.weight.ravel().tolist()])
+
+
+def test_guide_hf_datasets_example(capsys):
+    need('datasets')
+    _, lines = run_example('hf_datasets', capsys)
+    assert lines == [
+        "{'x': ((32, 3), 'float32'), 'label': ((32,), 'int64')}",
+        '32 batches in epoch 0']
