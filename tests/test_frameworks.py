@@ -20,9 +20,22 @@ import pytest
 
 import chainiter
 
+from helpers import shm_files, wait_processes_gone, worker_pids
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, 'tests', 'framework_scripts')
 sys.path.insert(0, SCRIPTS)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """After each test: no worker process of this process's iterators and
+    no shared-memory file of chainiter's (those of the new processes the
+    test ran went with them: their files are counted too)."""
+    before = shm_files()
+    yield
+    assert wait_processes_gone(worker_pids(), timeout=10)
+    assert shm_files() <= before
 
 
 def need(*names):
@@ -359,6 +372,33 @@ def test_guide_torch_save_example(tmp_path, capsys):
     capsys.readouterr()
     assert lines[-1] == 'weights {}'.format(
         [round(w, 6) for w in model.weight.ravel().tolist()])
+
+
+def test_torch_load_weights_only_takes_an_order_samplers_state(tmp_path):
+    """A seeded iterator's state is Python scalars, which torch.load reads
+    with weights_only=True; an order sampler's holds numpy arrays, which it
+    refuses: saved as tensors, they load back."""
+    need('torch')
+    import numpy
+    import torch
+
+    def make(sampler):
+        return chainiter.SerialIterator(list(range(10)), 4, seed=1,
+                                        order_sampler=sampler)
+
+    for sampler in (None, chainiter.ShuffleOrderSampler(
+            numpy.random.RandomState(0))):
+        with make(sampler) as it:
+            next(it)
+            state = {k: torch.tensor(v) if isinstance(v, numpy.ndarray)
+                     else v for k, v in it.state_dict().items()}
+            torch.save({'iterator': state}, str(tmp_path / 'c.pt'))
+            expected = [next(it) for _ in range(5)]
+        loaded = torch.load(str(tmp_path / 'c.pt'), weights_only=True)
+        with make(None if sampler is None else chainiter.ShuffleOrderSampler(
+                numpy.random.RandomState(5))) as it:
+            it.load_state_dict(loaded['iterator'])
+            assert [next(it) for _ in range(5)] == expected
 
 
 def test_guide_hf_datasets_example(capsys):

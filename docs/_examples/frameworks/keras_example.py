@@ -16,6 +16,7 @@ from chainiter.keras import KerasDataset  # noqa: E402
 EPOCHS = 3
 
 
+# [dataset]
 def make_dataset():
     rng = numpy.random.default_rng(0)
     dataset = TupleDataset(rng.normal(size=(10, 3)).astype(numpy.float32),
@@ -23,6 +24,7 @@ def make_dataset():
     it = chainiter.MultiprocessIterator(dataset, batch_size=4, n_processes=2,
                                         seed=0, repeat=False)
     return KerasDataset(it)        # each Keras epoch: one pass, 3 batches
+# [/dataset]
 
 
 class Net(keras.Sequential):

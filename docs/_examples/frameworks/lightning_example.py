@@ -12,6 +12,7 @@ import chainiter
 from chainiter.datasets import TupleDataset
 
 
+# [setup]
 def make_loader():
     rng = numpy.random.default_rng(0)
     dataset = TupleDataset(rng.normal(size=(10, 3)).astype(numpy.float32),
@@ -46,6 +47,7 @@ def trainer(directory, **kwargs):
             dirpath=directory, every_n_train_steps=4, save_top_k=-1,
             filename='{step}')],
         **kwargs)
+# [/setup]
 
 
 def main(directory):
