@@ -306,7 +306,8 @@ def run_example(name, capsys, *args):
     already); return its printed lines.  The frameworks' own warnings are
     theirs."""
     import runpy
-    example = runpy.run_path(os.path.join(EXAMPLES, name + '_example.py'))
+    example = runpy.run_path(os.path.join(EXAMPLES, name + (
+        '' if name.endswith('_speed') else '_example') + '.py'))
     capsys.readouterr()
     with warnings.catch_warnings():
         warnings.filterwarnings(
@@ -399,6 +400,15 @@ def test_torch_load_weights_only_takes_an_order_samplers_state(tmp_path):
                 numpy.random.RandomState(5))) as it:
             it.load_state_dict(loaded['iterator'])
             assert [next(it) for _ in range(5)] == expected
+
+
+def test_guide_hf_speed_command_runs(capsys):
+    """The guide's speed comparison, on a few examples (its figures are
+    measured by hand: nothing here is timed)."""
+    need('torch', 'datasets')
+    _, lines = run_example('hf_speed', capsys, 300, 1)
+    assert len(lines) == 1 and lines[0].startswith('chainiter ') and \
+        'examples/s, DataLoader' in lines[0] and lines[0].endswith('x')
 
 
 def test_guide_hf_datasets_example(capsys):
