@@ -11,10 +11,11 @@ does; ``import chainiter`` never does).
               ── on_epoch_end ──► the next ds[0] starts the next epoch
 
 Keras reads the number of batches once, when ``fit`` starts, and uses it
-for every epoch of that fit, so the iterator's epochs must all have the
-same number of batches (``repeat=False``, or ``repeat=True`` with an epoch
-size that is a multiple of the batch size), and a fit resumed mid-epoch
-finishes that epoch alone (``resumed_mid_epoch``).
+for every epoch of that fit, so one fit runs epochs of one length
+(``repeat=False``, or ``repeat=True`` with an epoch size that is a multiple
+of the batch size); otherwise a fit per epoch.  A fit resumed mid-epoch
+finishes that epoch alone (``resumed_mid_epoch``); a fit that would go on
+into an epoch of another length raises at its start (``on_epoch_begin``).
 """
 
 import sys
