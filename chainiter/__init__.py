@@ -17,7 +17,7 @@ from chainiter.iterators._stats import diagnose  # NOQA
 from chainiter.iterators.multiprocess.shared_arrays import (  # NOQA
     shared_copy, shared_empty)
 from chainiter.iterators import (  # NOQA
-    DevicePrefetcher, Iterator, MultiprocessIterator, MultithreadIterator, OrderSampler,
+    DevicePrefetcher, Iterator, Loader, MultiprocessIterator, MultithreadIterator, OrderSampler,
     SerialIterator,
     ShuffleOrderSampler)
 from chainiter import distributed  # NOQA  (mpi4py only on world())

@@ -11,10 +11,27 @@ import chainiter
 def test_import_needs_numpy_only():
     code = ('import sys, chainiter; '
             'print(sorted(m for m in ("cupy", "mpi4py", "torch", '
-            '"cloudpickle") if m in sys.modules))')
+            '"cloudpickle", "keras", "lightning", "accelerate", "datasets") '
+            'if m in sys.modules))')
     out = subprocess.run([sys.executable, '-c', code], check=True,
                          capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == '[]'
+
+
+def test_keras_is_imported_by_chainiter_keras_alone():
+    # chainiter.keras (KerasDataset) imports keras when it is imported
+    # itself; no other module of chainiter names it.
+    root = os.path.dirname(chainiter.__file__)
+    importers = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith('.py'):
+                with open(os.path.join(folder, name)) as f:
+                    if re.search(r'^\s*(from|import) keras\b', f.read(),
+                                 re.MULTILINE):
+                        importers.append(os.path.relpath(
+                            os.path.join(folder, name), root))
+    assert importers == ['keras.py']
 
 
 def test_distributed_imports_no_mpi4py():

@@ -184,6 +184,23 @@ def test_a_list_batch_held_pickled_and_copied_stays_as_it_was(method):
         del more
 
 
+def test_a_list_batch_rebuilt_by_its_type_is_a_list_of_the_items():
+    """Tree maps (Lightning's apply_to_collection moving a batch to the
+    device, ``keras.tree``) rebuild a sequence as ``type(seq)(items)``."""
+    dataset = Kinds('dict')
+    with MultiprocessIterator(dataset, 5, n_processes=1, shuffle=False,
+                              start_method='fork') as it:
+        batch = next(it)
+        doubled = type(batch)(
+            {key: value * 2 for key, value in example.items()}
+            for example in batch)
+        assert fingerprint(concat_examples(doubled)) == fingerprint(
+            concat_examples([{key: value * 2 for key, value in e.items()}
+                             for e in list(batch)]))
+        assert len(doubled) == 5
+        assert type(batch)() == []
+
+
 def test_a_changed_list_batch_converts_as_changed():
     dataset = Kinds('dict')
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,

@@ -9,7 +9,10 @@ the stacked arrays without a copy: without padding when the examples'
 arrays have one shape, and with ``padding=0`` (the rows' padding) too.
 
 It is a list in every other way: indexing, ``len``, iteration, equality,
-slicing (a plain list), pickling and copying (a plain list).  A change to
+slicing (a plain list), pickling and copying (a plain list), and
+``type(batch)(items)`` (how Lightning's ``apply_to_collection`` and other
+tree maps rebuild a sequence) makes a list of ``items`` with no stacked
+arrays.  A change to
 the list (``batch[0] = ...``, ``append``, ``sort``...) or to a dict
 example's values drops the stacked arrays, and ``concat_examples`` then
 stacks the examples as they are now.  A change inside an example's array
@@ -32,7 +35,7 @@ class StackedExamples(list):
 
     __slots__ = ('stacked', 'padding', 'rows')
 
-    def __init__(self, examples, stacked, padding=None, rows=None):
+    def __init__(self, examples=(), stacked=None, padding=None, rows=None):
         super().__init__(examples)
         self.stacked = stacked
         self.padding = padding

@@ -8,3 +8,4 @@ from chainiter.iterators.serial_iterator import SerialIterator  # NOQA
 from chainiter.iterators.multiprocess import (  # NOQA
     MultiprocessIterator)
 from chainiter.iterators.device_prefetcher import DevicePrefetcher  # NOQA
+from chainiter.iterators.loader import Loader  # NOQA

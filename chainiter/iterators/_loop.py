@@ -1,5 +1,6 @@
-"""The PyTorch-style loop over a Chainer-style iterator: ``len(it)`` and
-``it.one_epoch()``.
+"""The PyTorch-style loop over a Chainer-style iterator: ``len(it)``,
+``it.one_epoch()`` and ``it.loader()`` (``loader.py``: DataLoader's
+protocol, an epoch per ``iter()``).
 
 ::
 
@@ -15,7 +16,10 @@ the batch on which ``is_new_epoch`` is True, so consecutive views hand out
 the same stream as ``next()`` and cover every example once per epoch.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chainiter.iterators.loader import Loader
 
 
 def _step(iterator):
@@ -28,6 +32,39 @@ def _batches(examples, batch_size, drop_last):
     if drop_last:
         return examples // batch_size
     return -(-examples // batch_size)
+
+
+def epoch_batches(iterator: Any, drop_last: bool = False) -> int:
+    """The number of batches of the epoch at hand, the ones already handed
+    out included: the epoch ``one_epoch()`` would yield the rest of (a new
+    pass once a ``repeat=False`` pass has ended).  Pure: nothing is loaded
+    or reset.
+
+    An epoch of ``repeat=True`` is entered at a position ``p`` below one
+    step (Chainer's last batch of the previous epoch took the ``p`` first
+    examples), and each batch moves the position by a step, so mid-epoch
+    ``current_position % step`` is ``p`` and the epoch has
+    ``ceil((epoch_size - p) / step)`` batches starting in it.  A
+    ``repeat=False`` pass starts at 0.
+    """
+    step = _step(iterator)
+    drop_last = bool(drop_last) and not iterator.repeat
+    if not iterator.repeat and iterator.epoch > 0:
+        return _batches(iterator.epoch_size, step, drop_last)
+    entered = iterator.current_position % step
+    return _batches(iterator.epoch_size - entered, step, drop_last)
+
+
+def batches_left(iterator: Any, drop_last: bool = False) -> int:
+    """The batches ``one_epoch()`` would yield now (``epoch_batches`` less
+    the ones of the epoch already handed out).  Pure, as
+    ``epoch_batches``."""
+    step = _step(iterator)
+    drop_last = bool(drop_last) and not iterator.repeat
+    if not iterator.repeat and iterator.epoch > 0:
+        return _batches(iterator.epoch_size, step, drop_last)
+    return _batches(iterator.epoch_size - iterator.current_position, step,
+                    drop_last)
 
 
 class EpochView:
@@ -116,3 +153,12 @@ class EpochLoop:
                 ``repeat=True`` every batch is full, so it changes nothing.
         """
         return EpochView(self, drop_last)
+
+    def loader(self, drop_last: bool = False) -> 'Loader':
+        """DataLoader's protocol over this iterator, for the frameworks
+        that take a DataLoader (Lightning, Accelerate): each ``iter()`` is
+        ``one_epoch()``, ``len()`` the batches of the epoch at hand, and
+        ``state_dict()`` / ``load_state_dict()`` the iterator's.  See
+        :class:`chainiter.Loader`."""
+        from chainiter.iterators.loader import Loader
+        return Loader(self, drop_last)

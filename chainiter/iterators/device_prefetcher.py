@@ -121,6 +121,12 @@ class DevicePrefetcher(Iterator):
         """As the wrapped iterator's ``one_epoch()``, through this one."""
         return EpochView(self, drop_last)
 
+    def loader(self, drop_last: bool = False) -> Any:
+        """DataLoader's protocol through this one (:class:`chainiter.Loader`):
+        each ``iter()`` an epoch of batches on the device."""
+        from chainiter.iterators.loader import Loader
+        return Loader(self, drop_last)
+
     def __next__(self) -> Any:
         self._settle()
         if self._stale:
