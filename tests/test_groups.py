@@ -182,6 +182,55 @@ def test_batches_that_change_shape_keep_the_groups(method):
     assert by_copy[-60] == by_copy[-1]
 
 
+class LateLonger(helpers.Bucketed):
+    """Bucketed batches of lengths 9, 3 and 6 (the first batch is of the
+    longest), but for the batches in ``longer``, of length 40."""
+
+    def __init__(self, n, batch_size, longer):
+        super().__init__(n, batch_size, lengths=(9, 3, 6))
+        self.longer = longer
+
+    def __getitem__(self, i):
+        x, i = super().__getitem__(i)
+        if i // self.batch_size in self.longer:
+            x = numpy.full((40, self.width), i, dtype=numpy.float32)
+        return x, i
+
+
+@pytest.mark.parametrize('converter', [None, concat_examples])
+def test_groups_go_on_after_a_longer_bucket_that_comes_late(method,
+                                                            converter):
+    # Batch 120 is longer than any before: its group comes by copy with
+    # one warning and the buffers grow to hold it; the groups go on, and
+    # batch 160, as long, is written by the workers.  (The groups ended:
+    # every batch went alone from then on, and batch 160 came by copy.)
+    dataset = LateLonger(5 * 240, 5, longer=(120, 160))
+    convert = converter or (lambda batch: batch)
+    with SerialIterator(dataset, 5, shuffle=False) as ref:
+        expected = [fingerprint(convert(next(ref))) for _ in range(240)]
+    got, by_copy, grouped = [], [], []
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        for _ in range(240):
+            got.append(fingerprint(next(it)))
+            by_copy.append(it.stats['by_copy'])
+            grouped.append(it.stats['batches_per_task'])
+    assert got == expected
+    assert [w.category for w in record] == [chainiter.SharedMemoryWarning]
+    assert 'shared_mem' in str(record[0].message)
+    # The groups had begun before the group that holds batch 120 (of four
+    # batches at most: it begins at batch 117 or later), and go on.
+    assert grouped[116] > 1 and min(grouped[117:]) > 1
+    # By copy: the first batch, which sizes the buffers, and that group;
+    # not batch 160.
+    assert by_copy[116] == 1
+    assert by_copy[123] - by_copy[116] <= 4
+    assert by_copy[-1] == by_copy[123]
+
+
 @pytest.mark.parametrize('ndim', [1, 2])
 def test_padded_batches_in_a_group_are_each_padded_to_their_own(method, ndim):
     # concat_examples pads a batch to its own longest example: every batch

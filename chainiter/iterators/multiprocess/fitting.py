@@ -111,3 +111,17 @@ def _sizes(slots, layout, new, oversize):
     return (max(slots.measure(e) for e in oversize),
             layout.slot_bytes // per_example, '',
             new.slot_bytes // per_example)
+
+
+def outgrown(slots, layout, whole):
+    """Whether an example of ``whole`` (those that came whole) has more
+    bytes of arrays than their room in ``layout`` (they came for their
+    size, not for their structure or kinds)."""
+    for example in whole:
+        if layout.mode == 'stacked':
+            sizes = stacked_layout.array_bytes(layout, example)
+            if sizes is not None and sizes[0] > sizes[1]:
+                return True
+        elif slots.measure(example) > layout.example_bytes:
+            return True
+    return False

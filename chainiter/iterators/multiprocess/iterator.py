@@ -264,7 +264,7 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
             if slot_bytes is not None:
                 self._tune_depth(slot_bytes)
             return result
-        stacked, examples, by_copy, slot_bytes = reading.read(
+        stacked, examples, by_copy, slot_bytes, _ = reading.read(
             pool, batch, chunks, self._fitting)
         self._t.by_copy += by_copy
         if slot_bytes is not None:

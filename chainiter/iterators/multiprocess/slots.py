@@ -227,13 +227,25 @@ class SlotPool:
         Growth is measured against the buffers in use, which may have
         grown since ``layout`` (the batch's) was current.
         """
-        new, mismatch = self._fit(examples, layout)
+        new, mismatch = self._fit(examples, layout, self.layout)
+        if new is None and mismatch is None and self.stacked and \
+                len(examples) > self.one_batch:
+            # A group whose batches do not stack as one (bucketed data,
+            # a longer bucket among them): its batches fitted in turn,
+            # each as its own, so that the buffers hold the largest.
+            current = self.layout
+            for k in range(0, len(examples), self.one_batch):
+                grown, how = self._fit(examples[k:k + self.one_batch],
+                                       layout, current)
+                mismatch = mismatch or how
+                if grown is not None:
+                    new = current = grown
         if new is not None and self.exact and new.mode == 'stacked':
             new = new._replace(exact=True)
         return new, mismatch
 
-    def _fit(self, examples, layout):
-        current = self.layout
+    def _fit(self, examples, layout, current):
+        """``fit``'s, against the layout ``current``."""
         new = None
         stacked = self.stacked
         if stacked and self.exact and \
