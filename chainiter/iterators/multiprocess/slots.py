@@ -196,10 +196,12 @@ class SlotPool:
     @staticmethod
     def keep(slot, holder):
         """The iterator keeps the arrays read from the batch in ``slot``
-        in ``holder.stacked`` (an array, or a tuple or dict of them) until
-        it sets that to None, while the user gets views of them (new
-        arrays, never these): at a fork, the slot is the child's too only
-        if something else views it (``retire_leased``)."""
+        in ``holder.stacked`` (an array, or a tuple or dict of them; a
+        list batch's examples, a ``StackedExamples``; or an ``Apart`` of
+        those) until it sets that to None, while the user gets views of
+        them (new arrays, never these) or lists of its examples: at a
+        fork, the slot is the child's too only if something else views
+        it or holds one of those examples (``retire_leased``)."""
         slot.kept = weakref.ref(holder)
 
     @staticmethod
