@@ -117,21 +117,21 @@ class SlotPool:
     def _release_replaced(self, generation, busy):
         """Unmap the slots of earlier buffers that nothing needs any more:
         no batch in flight is for them, no task may write into them and
-        no array handed out views them.  (Slots retired at a fork stay:
-        a child may still read them.)"""
+        no array handed out views them.  Slots retired at a fork (never
+        written again: a child may read them) too, once no array of this
+        process views them: the child has a mapping of its own, which
+        keeps their memory for as long as it lives."""
         kept = []
         for buffers in self.replaced:
-            if buffers.id >= 0:
-                in_use = busy(buffers.id)
-                for slot in buffers.allocated():
-                    if idle(slot, generation) and \
-                            slot.index not in in_use:
-                        with uninterrupted():
-                            slot.shared.release()
-                            slot.shared = slot.exporter = slot.owner = None
-                if not buffers.allocated():
-                    continue
-            kept.append(buffers)
+            # Retired slots are no task's (their batches were handed out).
+            in_use = busy(buffers.id) if buffers.id >= 0 else ()
+            for slot in buffers.allocated():
+                if idle(slot, generation) and slot.index not in in_use:
+                    with uninterrupted():
+                        slot.shared.release()
+                        slot.shared = slot.exporter = slot.owner = None
+            if buffers.allocated():
+                kept.append(buffers)
         self.replaced = kept
 
     def replace(self, layout):
@@ -152,10 +152,12 @@ class SlotPool:
     def retire_leased(self):
         """The process has forked: the child sees every slot that arrays of
         the parent view, and may read them for as long as it lives.  Those
-        slots are never written again; new memory takes their place.
-        (Not the slots of batches read ahead and not yet handed out, which
-        still have an owner, nor those that only the iterator's own arrays
-        view, ``keep``: no array of the user's views them.)"""
+        slots are never written again; new memory takes their place, and
+        they are unmapped here once the parent's arrays are gone
+        (``_release_replaced``).  (Not the slots of batches read ahead and
+        not yet handed out, which still have an owner, nor those that only
+        the iterator's own arrays view, ``keep``: no array of the user's
+        views them.)"""
         buffers = self.buffers
         if buffers is None:
             return
@@ -165,13 +167,13 @@ class SlotPool:
             if slot.shared is not None and slot.owner is None and \
                     exporter is not None and \
                     not kept_only(slot, exporter):
-                retired.append(slot.shared)
+                gone = Slot(-1)
+                gone.shared, gone.exporter = slot.shared, slot.exporter
+                retired.append(gone)
                 slot.shared = slot.exporter = slot.owner = None
         if retired:
             self.replaced.append(Buffers(-1, buffers.layout, 0))
-            self.replaced[-1].slots = [Slot(-1) for _ in retired]
-            for slot, shared in zip(self.replaced[-1].slots, retired):
-                slot.shared = shared
+            self.replaced[-1].slots = retired
 
     @staticmethod
     def exporter(batch):
