@@ -108,7 +108,7 @@ def _kept_views(roots, exporter):
             i = index[id(obj)] = len(objects)
             objects.append(obj)
             edges.append(1)
-            kids.append(children is not None and [])
+            kids.append(None if children is None else [])   # None: an array
             if parent != _ROOT:
                 kids[parent].append(i)
         else:
@@ -128,11 +128,11 @@ def _kept_views(roots, exporter):
             viewing.append(0)
         viewing[j] += 1
     # Only what leads to an array of the slot counts (an example's
-    # tuple of Python values may be shared, as ``()`` is).
-    # An array, then what holds one, until nothing changes (a value met
-    # before through another holder may come before it).
-    leads = [kind is False and o.base is not None
-             for o, kind in zip(objects, kids)]
+    # tuple of Python values may be shared, as ``()`` is): the arrays,
+    # then what holds one, until nothing changes (a value met first
+    # through one holder may be held by another met before).
+    leads = [these is None and o.base is not None
+             for o, these in zip(objects, kids)]
     changed = True
     while changed:
         changed = False
