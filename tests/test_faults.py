@@ -672,6 +672,89 @@ def test_one_group_in_flight_is_loaded_once_into_its_slot(method, tmp_path):
     assert list(map(int, stats)) == [1, 4, 4]
 
 
+FIRST_BATCH_FDS_SCRIPT = '''
+import os, resource, sys, warnings
+sys.path.insert(0, {tests!r})
+import numpy
+import chainiter, helpers
+
+
+def use_up_descriptors():
+    """Open files up to ``ulimit -n``, less one: the first batch's buffers
+    take more than that (a file and its mapping)."""
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    os.close(held.pop())
+    return held
+
+
+def main():
+    dataset = chainiter.datasets.TupleDataset(
+        numpy.arange(3 * 4096, dtype=numpy.float32).reshape(4096, 3),
+        numpy.arange(4096))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        with chainiter.MultiprocessIterator(
+                dataset, 8, n_processes=2, seed=1, start_method={method!r},
+                converter={converter}) as it, \\
+                chainiter.SerialIterator(dataset, 8, seed=1) as ref:
+            convert = {converter} or (lambda batch: batch)
+            # The workers have started; the limit is near, as in a program
+            # that holds many files when it asks for the first batch.
+            resource.setrlimit(resource.RLIMIT_NOFILE,
+                               (len(os.listdir('/proc/self/fd')) + 64, hard))
+            held = use_up_descriptors()
+            try:
+                for _ in range(3):
+                    assert helpers.fingerprint(next(it)) == \\
+                        helpers.fingerprint(convert(next(ref)))
+                print('POSITION', it.current_position)
+            finally:
+                for fd in held:
+                    os.close(fd)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            for _ in range(200):
+                assert helpers.fingerprint(next(it)) == \\
+                    helpers.fingerprint(convert(next(ref)))
+            copied = it.stats['by_copy']
+            for _ in range(100):
+                assert helpers.fingerprint(next(it)) == \\
+                    helpers.fingerprint(convert(next(ref)))
+            print('STATS', copied, it.stats['by_copy'])
+    print('OK')
+    for w in record:
+        print('WARNING', w.category.__name__, w.message)
+
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+@pytest.mark.parametrize('converter', ['None', 'chainiter.concat_examples'])
+def test_descriptors_used_up_at_the_first_batch(method, converter, tmp_path):
+    # The first batch, which sizes the buffers, comes by copy as later
+    # ones do when no slot can be made (it raised EMFILE from every
+    # next()), with one warning that names the limit; once descriptors are
+    # free again the buffers are made and the workers write the batches.
+    child = run_script(tmp_path, FIRST_BATCH_FDS_SCRIPT, method=method,
+                       converter=converter)
+    assert 'POSITION 24' in child.stdout, child.stdout
+    warned = helpers.warning_lines(child.stdout)
+    assert len(warned) == 1, child.stdout
+    assert 'SharedMemoryWarning' in warned[0] and \
+        'ulimit -n' in warned[0], child.stdout
+    stats, = [line.split()[1:] for line in child.stdout.splitlines()
+              if line.startswith('STATS')]
+    copied, later = map(int, stats)
+    assert copied == later, child.stdout
+
+
 AS_SCRIPT = '''
 import resource, sys, warnings
 sys.path.insert(0, {tests!r})

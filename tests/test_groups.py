@@ -73,8 +73,8 @@ def _dataset(kind):
 
 def _mp(dataset, method, **kwargs):
     kwargs.setdefault('n_processes', 2)
-    return MultiprocessIterator(dataset, 5, converter=concat_examples,
-                                start_method=method, **kwargs)
+    kwargs.setdefault('converter', concat_examples)
+    return MultiprocessIterator(dataset, 5, start_method=method, **kwargs)
 
 
 def _expected(dataset, n, padding=None, **kwargs):
@@ -180,6 +180,55 @@ def test_batches_that_change_shape_keep_the_groups(method):
     assert got == expected
     # Once the groups go in parts, every batch is the workers' rows.
     assert by_copy[-60] == by_copy[-1]
+
+
+class LateLonger(helpers.Bucketed):
+    """Bucketed batches of lengths 9, 3 and 6 (the first batch is of the
+    longest), but for the batches in ``longer``, of length 40."""
+
+    def __init__(self, n, batch_size, longer):
+        super().__init__(n, batch_size, lengths=(9, 3, 6))
+        self.longer = longer
+
+    def __getitem__(self, i):
+        x, i = super().__getitem__(i)
+        if i // self.batch_size in self.longer:
+            x = numpy.full((40, self.width), i, dtype=numpy.float32)
+        return x, i
+
+
+@pytest.mark.parametrize('converter', [None, concat_examples])
+def test_groups_go_on_after_a_longer_bucket_that_comes_late(method,
+                                                            converter):
+    # Batch 120 is longer than any before: its group comes by copy with
+    # one warning and the buffers grow to hold it; the groups go on, and
+    # batch 160, as long, is written by the workers.  (The groups ended:
+    # every batch went alone from then on, and batch 160 came by copy.)
+    dataset = LateLonger(5 * 240, 5, longer=(120, 160))
+    convert = converter or (lambda batch: batch)
+    with SerialIterator(dataset, 5, shuffle=False) as ref:
+        expected = [fingerprint(convert(next(ref))) for _ in range(240)]
+    got, by_copy, grouped = [], [], []
+    with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter('always')
+        for _ in range(240):
+            got.append(fingerprint(next(it)))
+            by_copy.append(it.stats['by_copy'])
+            grouped.append(it.stats['batches_per_task'])
+    assert got == expected
+    assert [w.category for w in record] == [chainiter.SharedMemoryWarning]
+    assert 'shared_mem' in str(record[0].message)
+    # The groups had begun before the group that holds batch 120 (of four
+    # batches at most: it begins at batch 117 or later), and go on.
+    assert grouped[116] > 1 and min(grouped[117:]) > 1
+    # By copy: the first batch, which sizes the buffers, and that group;
+    # not batch 160.
+    assert by_copy[116] == 1
+    assert by_copy[123] - by_copy[116] <= 4
+    assert by_copy[-1] == by_copy[123]
 
 
 @pytest.mark.parametrize('ndim', [1, 2])
@@ -454,19 +503,27 @@ def test_a_rewind_anywhere_in_a_group_loses_no_batch(method):
     assert shm_files() <= before
 
 
-def test_a_view_of_a_grouped_batch_a_forked_child_holds_is_kept(method):
+@pytest.mark.parametrize('held', ['rows', 'example', 'array'])
+def test_a_view_of_a_grouped_batch_a_forked_child_holds_is_kept(method,
+                                                                held):
     # The iterator holds the group's arrays too: a view of one of its
     # batches that the user holds at a fork (the batch itself dropped)
     # keeps the slot for the child, which reads it after the parent has
-    # iterated on.
+    # iterated on.  List batches (no converter): the iterator holds the
+    # group's examples, the very objects of the batches it hands out; the
+    # user holds one example, or the array of one.
     dataset = _dataset('tuple')
-    with _mp(dataset, method, shuffle=False) as it:
+    converter = concat_examples if held == 'rows' else None
+    with _mp(dataset, method, shuffle=False, converter=converter) as it:
         for _ in range(50):
             next(it)
         assert it.stats['batches_per_task'] == 4
         while it.stats['ready'] < 12:     # mid-group, the next loaded
             next(it)
-        view = next(it)[0][1:]
+        batch = next(it)
+        view = batch[0][1:] if held == 'rows' else batch[1] \
+            if held == 'example' else batch[1][0]
+        del batch
         verdict = helpers.fork_reader(view)
         del view
         for _ in range(60):        # slots are reused many times over
@@ -474,8 +531,10 @@ def test_a_view_of_a_grouped_batch_a_forked_child_holds_is_kept(method):
         assert verdict()
 
 
+@pytest.mark.parametrize('converter', [concat_examples, None])
 @pytest.mark.parametrize('data', ['uniform', 'bucketed'])
-def test_forks_keep_only_the_slots_of_batches_handed_out(method, data):
+def test_forks_keep_only_the_slots_of_batches_handed_out(method, data,
+                                                         converter):
     # A fork retires the slots that arrays handed out view (the child may
     # read them): the batches loaded ahead and read by the receiver
     # thread were not handed out, and the group that the iterator hands
@@ -484,7 +543,10 @@ def test_forks_keep_only_the_slots_of_batches_handed_out(method, data):
     # the iterator; a fork iterator forks its launcher) while the user
     # holds no batch must keep no slot, and no descriptor: their counts
     # must not grow with the number of forks.  Bucketed: groups whose
-    # batches are read apart (each batch its own arrays).
+    # batches are read apart (each batch its own arrays).  List batches
+    # (no converter): the iterator keeps the group's examples, each made
+    # of views of its rows, and hands out lists of them (a fork retired
+    # the group's slot: 1 slot and 2 descriptors more a fork).
     if data == 'uniform':
         dataset = _dataset('tuple')
         order = dict(shuffle=True, seed=2)
@@ -493,8 +555,12 @@ def test_forks_keep_only_the_slots_of_batches_handed_out(method, data):
         # comes by copy, and the second tells that shapes change.
         dataset = helpers.Bucketed(5 * 160, 5, lengths=(9, 3, 6))
         order = dict(shuffle=False)
-    expected = _expected(dataset, 120, **order)
-    with _mp(dataset, method, **order) as it:
+    if converter is None:
+        with SerialIterator(dataset, 5, **order) as ref:
+            expected = [fingerprint(next(ref)) for _ in range(120)]
+    else:
+        expected = _expected(dataset, 120, **order)
+    with _mp(dataset, method, converter=converter, **order) as it:
         got = [fingerprint(next(it)) for _ in range(50)]
         assert it.stats['batches_per_task'] == 4
         counts = []

@@ -725,6 +725,48 @@ def test_a_batch_a_forked_child_holds_is_never_overwritten(method):
         assert verdict()
 
 
+@pytest.mark.parametrize('converter', [concat_examples, None])
+def test_forks_while_a_batch_is_held_keep_no_slot_once_it_is_dropped(
+        method, converter, monkeypatch):
+    # A fork while the user holds a batch retires its slot (never written
+    # again: the child may read it); once the user drops the batch the
+    # parent unmaps it, the child keeping its own mapping, so a fork at
+    # every few batches leaves the parent's slots and descriptors flat
+    # (each fork kept one more slot mapped, and two descriptors, until
+    # finalize()).  Two children read their batch at the end, after
+    # the parent has let go of it; the others at once, and exit.  Batches
+    # one by one: groups beginning would change the slots meanwhile.
+    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 10 ** 9)
+    dataset = AugmentedDataset(64)
+    with MultiprocessIterator(dataset, 4, n_processes=2, shuffle=False,
+                              converter=converter,
+                              start_method=method) as it, \
+            SerialIterator(dataset, 4, shuffle=False) as ref:
+        convert = converter or (lambda batch: batch)
+        next(it)                   # the first batch comes by copy
+        next(ref)
+        later, counts = [], []
+        for k in range(12):
+            batch = next(it)
+            assert fingerprint(batch) == fingerprint(convert(next(ref)))
+            verdict = helpers.fork_reader(batch)
+            del batch
+            for _ in range(5):
+                assert fingerprint(next(it)) == \
+                    fingerprint(convert(next(ref)))
+            if k < 2:
+                later.append(verdict)
+            else:
+                assert verdict()
+            counts.append((len(os.listdir('/proc/self/fd')),) +
+                          helpers.mapped_buffers())
+        assert all(verdict() for verdict in later)
+    # (descriptors, slots mapped, slots' descriptors) after each fork but
+    # the first two (their children hold two pipes each till the end): a
+    # slot or two more as the pipeline may use, not one a fork.
+    assert all(b - a <= 4 for a, b in zip(counts[2], counts[-1])), counts
+
+
 def test_dataset_error_is_raised_with_worker_traceback(method):
     dataset = helpers.Failing(10, bad=5)
     with MultiprocessIterator(dataset, 3, n_processes=2, shuffle=False,

@@ -6,6 +6,7 @@ import warnings
 
 from chainiter.errors import SharedMemoryWarning
 from chainiter.iterators.multiprocess import stacked_layout
+from chainiter.iterators.multiprocess.room import DESCRIPTOR_ERRNOS
 
 
 class Fitting:
@@ -14,6 +15,7 @@ class Fitting:
     def __init__(self):
         self.warned_size = False
         self.warned_mismatch = False
+        self.warned_descriptors = False
 
     def fit(self, pool, examples, layout, oversize, in_workers):
         """Size ``pool``'s buffers for ``examples``, of which ``oversize``
@@ -44,7 +46,13 @@ class Fitting:
                 'shared_mem={} (or more) to reserve enough from the '
                 'start'.format(*sizes), SharedMemoryWarning, stacklevel=4)
         if layout is None:
-            pool.use_layout(new)   # no room at all: a clear error
+            try:
+                pool.use_layout(new)   # no room at all: a clear error
+            except OSError as e:
+                if e.errno not in DESCRIPTOR_ERRNOS:
+                    raise
+                # Tried again with the next batch that comes by copy.
+                self._warn_no_descriptors(e)
             return None
         try:
             pool.use_layout(new)
@@ -56,6 +64,18 @@ class Fitting:
                               e), SharedMemoryWarning, stacklevel=4)
             return None
         return new.slot_bytes
+
+    def _warn_no_descriptors(self, error):
+        if self.warned_descriptors:
+            return
+        self.warned_descriptors = True
+        warnings.warn(
+            'no file descriptor is left for the shared-memory buffers ({}), '
+            'so the batches come by copy, which is slower, until one is '
+            'free (each slot takes two). Raise the limit (ulimit -n, or '
+            'resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or close '
+            'files'.format(error), SharedMemoryWarning,
+            stacklevel=5)
 
     def _warn_mismatch(self, how):
         if self.warned_mismatch:
@@ -91,3 +111,17 @@ def _sizes(slots, layout, new, oversize):
     return (max(slots.measure(e) for e in oversize),
             layout.slot_bytes // per_example, '',
             new.slot_bytes // per_example)
+
+
+def outgrown(slots, layout, whole):
+    """Whether an example of ``whole`` (those that came whole) has more
+    bytes of arrays than their room in ``layout`` (they came for their
+    size, not for their structure or kinds)."""
+    for example in whole:
+        if layout.mode == 'stacked':
+            sizes = stacked_layout.array_bytes(layout, example)
+            if sizes is not None and sizes[0] > sizes[1]:
+                return True
+        elif slots.measure(example) > layout.example_bytes:
+            return True
+    return False

@@ -72,11 +72,12 @@ def arrive(it, group, batch, chunks=None):
     (``group.taken``: read by the receiver thread, no error in it,
     handed out with its first batch)."""
     group.arrived_as(batch, chunks)
+    outgrew = False
     if batch is group.taken:
         group.stacked = batch.prepared[1]
     else:
-        group.stacked, group.examples, group.by_copy, slot_bytes = \
-            reading.read(it._t.pool, batch, chunks, it._fitting)
+        group.stacked, group.examples, group.by_copy, slot_bytes, \
+            outgrew = reading.read(it._t.pool, batch, chunks, it._fitting)
         if slot_bytes is not None:
             it._tune_depth(slot_bytes)
     if group.stacked is not None and batch.slot is not None:
@@ -88,13 +89,17 @@ def arrive(it, group, batch, chunks=None):
             len(group.steps), it._t.pool.book.meter.sample, it.batch_size)
         if per_batch is not None:
             choose_group(it, per_batch)
-    if group.stacked is None and batch.slot is not None:
+    if group.stacked is None and batch.slot is not None and \
+            not outgrew:
         # Examples that differ among the batches (bucketed data, a
         # changed dtype) do not stack as one: from now on the groups'
         # batches are written apart, each read as its own
         # (``read.Apart``); when a group written so does not stack
         # either, each batch goes alone.  (A group that found no free
-        # slot, its batches held, came through the socket as it is.)
+        # slot, its batches held, came through the socket as it is.  A
+        # group with examples larger than their rows, a longer bucket,
+        # came whole, and the buffers grew to hold the like: the groups
+        # go on.)
         if group.apart:
             stop_grouping(it)
         else:

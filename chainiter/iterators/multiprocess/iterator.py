@@ -91,8 +91,9 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
     shared memory by the workers but came through the socket or were
     stacked by the main process (no free slot: batches held by the user
     or a device prefetcher; the first batch, which sizes the buffers; a
-    batch with examples larger than any before, which grows them; a batch
-    whose examples differ among themselves);
+    batch with examples larger than any before, which grows them; the
+    batches before the buffers could be made (no file descriptor left:
+    ``ulimit -n``); a batch whose examples differ among themselves);
     ``prefetch``, the depth in use; ``batches_per_task``, how many
     batches a worker loads as one (small batches of equal structure,
     stacked by ``concat_examples``, go in groups that take a worker about
@@ -263,7 +264,7 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
             if slot_bytes is not None:
                 self._tune_depth(slot_bytes)
             return result
-        stacked, examples, by_copy, slot_bytes = reading.read(
+        stacked, examples, by_copy, slot_bytes, _ = reading.read(
             pool, batch, chunks, self._fitting)
         self._t.by_copy += by_copy
         if slot_bytes is not None:

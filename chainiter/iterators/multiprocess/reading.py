@@ -9,6 +9,7 @@ import numpy
 
 from chainiter.errors import ChainiterError, WorkerDiedError
 from chainiter.iterators.multiprocess import converted, remote, wire
+from chainiter.iterators.multiprocess.fitting import outgrown
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.read import read_batch
 
@@ -37,13 +38,14 @@ def wait(pool, handle, timeout):
 
 
 def read(pool, batch, chunks, fitting):
-    """``(stacked, examples, by_copy, slot_bytes)``: the stacked batch
-    read from its slot, or else its examples, to convert; and the slot
-    bytes of new buffers (or None)."""
+    """``(stacked, examples, by_copy, slot_bytes, outgrew)``: the stacked
+    batch read from its slot, or else its examples, to convert; the slot
+    bytes of new buffers (or None); and whether examples came whole for
+    being larger than their rows (the buffers were fitted to them)."""
     prepared = batch.prepared
     exporter = pool.hand_out(batch)
     if prepared is not None:    # read by the receiver thread
-        return prepared[1], None, False, None
+        return prepared[1], None, False, None, False
     if exporter is None:     # the batch came through the socket
         examples = [meta.example for chunk in chunks for meta in chunk]
         slot_bytes = None
@@ -51,13 +53,13 @@ def read(pool, batch, chunks, fitting):
             fitting.fit(pool, examples, None, (), False)
             layout = pool.slots.layout
             slot_bytes = 0 if layout is None else layout.slot_bytes
-        return None, examples, True, slot_bytes
+        return None, examples, True, slot_bytes, False
     layout = batch.buffers.layout
     stacked, examples, oversize = read_batch(
         numpy.frombuffer(exporter, dtype=numpy.uint8), layout, chunks,
         batch.cuts)
     if stacked is not None:
-        return stacked, None, False, None
+        return stacked, None, False, None, False
     slot_bytes = None
     if oversize:
         slot_bytes = fitting.fit(pool, examples, layout, oversize, False)
@@ -65,7 +67,8 @@ def read(pool, batch, chunks, fitting):
     # (Examples read back exactly, for a list batch, were the workers'.)
     return (None, examples, bool(oversize) or (layout.mode == 'stacked' and
                                                not layout.exact),
-            slot_bytes)
+            slot_bytes, slot_bytes is not None or
+            outgrown(pool.slots, layout, oversize))
 
 
 def read_converted(pool, batch, chunks, fitting):

@@ -11,6 +11,10 @@ import os
 # descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
 # the batches that then come by copy, and everything else).
 SPARE_DESCRIPTORS = 32
+
+# The errors of a process (EMFILE: ``ulimit -n``) or a system (ENFILE)
+# without a descriptor to spare.
+DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
 _SPARE_ADDRESS_SPACE = 64 * 2 ** 20
 
 
@@ -26,8 +30,9 @@ def descriptor_room():
         return None
     try:
         return soft - len(os.listdir('/proc/self/fd'))
-    except OSError:
-        return soft
+    except OSError as e:
+        # Listing takes a descriptor: none left is what it would say.
+        return 0 if e.errno in DESCRIPTOR_ERRNOS else soft
 
 
 def check_room(size):

@@ -45,6 +45,16 @@ _MAP_POPULATE = getattr(mmap, 'MAP_POPULATE',
 _by_mapping = weakref.WeakValueDictionary()
 
 
+def _directories():
+    """Where a buffer may go, in order.  The temporary directory is looked
+    up only when ``/dev/shm`` had no room: Python's first look-up opens
+    files, and with ``ulimit -n`` used up it fails as "No usable temporary
+    directory" where the error to tell is the limit's (EMFILE)."""
+    if os.path.isdir(SHM_DIR):
+        yield SHM_DIR
+    yield tempfile.gettempdir()
+
+
 class SharedBuffer:
     """``size`` bytes of memory shared with worker processes.
 
@@ -116,11 +126,8 @@ class SharedBuffer:
         later (0.25 s a GiB), by ``reserve()`` or by the process that
         writes into it (a worker, for a slot), before it writes."""
         size = max(int(size), 1)
-        directories = [SHM_DIR, tempfile.gettempdir()]
-        if not os.path.isdir(SHM_DIR):
-            directories = directories[1:]
         tried = []
-        for directory in directories:
+        for directory in _directories():
             free = free_bytes(directory)
             try:
                 fd = create_file(directory, size, reserve)

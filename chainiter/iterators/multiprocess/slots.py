@@ -117,21 +117,21 @@ class SlotPool:
     def _release_replaced(self, generation, busy):
         """Unmap the slots of earlier buffers that nothing needs any more:
         no batch in flight is for them, no task may write into them and
-        no array handed out views them.  (Slots retired at a fork stay:
-        a child may still read them.)"""
+        no array handed out views them.  Slots retired at a fork (never
+        written again: a child may read them) too, once no array of this
+        process views them: the child has a mapping of its own, which
+        keeps their memory for as long as it lives."""
         kept = []
         for buffers in self.replaced:
-            if buffers.id >= 0:
-                in_use = busy(buffers.id)
-                for slot in buffers.allocated():
-                    if idle(slot, generation) and \
-                            slot.index not in in_use:
-                        with uninterrupted():
-                            slot.shared.release()
-                            slot.shared = slot.exporter = slot.owner = None
-                if not buffers.allocated():
-                    continue
-            kept.append(buffers)
+            # Retired slots are no task's (their batches were handed out).
+            in_use = busy(buffers.id) if buffers.id >= 0 else ()
+            for slot in buffers.allocated():
+                if idle(slot, generation) and slot.index not in in_use:
+                    with uninterrupted():
+                        slot.shared.release()
+                        slot.shared = slot.exporter = slot.owner = None
+            if buffers.allocated():
+                kept.append(buffers)
         self.replaced = kept
 
     def replace(self, layout):
@@ -152,10 +152,12 @@ class SlotPool:
     def retire_leased(self):
         """The process has forked: the child sees every slot that arrays of
         the parent view, and may read them for as long as it lives.  Those
-        slots are never written again; new memory takes their place.
-        (Not the slots of batches read ahead and not yet handed out, which
-        still have an owner, nor those that only the iterator's own arrays
-        view, ``keep``: no array of the user's views them.)"""
+        slots are never written again; new memory takes their place, and
+        they are unmapped here once the parent's arrays are gone
+        (``_release_replaced``).  (Not the slots of batches read ahead and
+        not yet handed out, which still have an owner, nor those that only
+        the iterator's own arrays view, ``keep``: no array of the user's
+        views them.)"""
         buffers = self.buffers
         if buffers is None:
             return
@@ -165,13 +167,13 @@ class SlotPool:
             if slot.shared is not None and slot.owner is None and \
                     exporter is not None and \
                     not kept_only(slot, exporter):
-                retired.append(slot.shared)
+                gone = Slot(-1)
+                gone.shared, gone.exporter = slot.shared, slot.exporter
+                retired.append(gone)
                 slot.shared = slot.exporter = slot.owner = None
         if retired:
             self.replaced.append(Buffers(-1, buffers.layout, 0))
-            self.replaced[-1].slots = [Slot(-1) for _ in retired]
-            for slot, shared in zip(self.replaced[-1].slots, retired):
-                slot.shared = shared
+            self.replaced[-1].slots = retired
 
     @staticmethod
     def exporter(batch):
@@ -196,10 +198,12 @@ class SlotPool:
     @staticmethod
     def keep(slot, holder):
         """The iterator keeps the arrays read from the batch in ``slot``
-        in ``holder.stacked`` (an array, or a tuple or dict of them) until
-        it sets that to None, while the user gets views of them (new
-        arrays, never these): at a fork, the slot is the child's too only
-        if something else views it (``retire_leased``)."""
+        in ``holder.stacked`` (an array, or a tuple or dict of them; a
+        list batch's examples, a ``StackedExamples``; or an ``Apart`` of
+        those) until it sets that to None, while the user gets views of
+        them (new arrays, never these) or lists of its examples: at a
+        fork, the slot is the child's too only if something else views
+        it or holds one of those examples (``retire_leased``)."""
         slot.kept = weakref.ref(holder)
 
     @staticmethod
@@ -227,13 +231,25 @@ class SlotPool:
         Growth is measured against the buffers in use, which may have
         grown since ``layout`` (the batch's) was current.
         """
-        new, mismatch = self._fit(examples, layout)
+        new, mismatch = self._fit(examples, layout, self.layout)
+        if new is None and mismatch is None and self.stacked and \
+                len(examples) > self.one_batch:
+            # A group whose batches do not stack as one (bucketed data,
+            # a longer bucket among them): its batches fitted in turn,
+            # each as its own, so that the buffers hold the largest.
+            current = self.layout
+            for k in range(0, len(examples), self.one_batch):
+                grown, how = self._fit(examples[k:k + self.one_batch],
+                                       layout, current)
+                mismatch = mismatch or how
+                if grown is not None:
+                    new = current = grown
         if new is not None and self.exact and new.mode == 'stacked':
             new = new._replace(exact=True)
         return new, mismatch
 
-    def _fit(self, examples, layout):
-        current = self.layout
+    def _fit(self, examples, layout, current):
+        """``fit``'s, against the layout ``current``."""
         new = None
         stacked = self.stacked
         if stacked and self.exact and \
