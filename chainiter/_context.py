@@ -27,13 +27,37 @@ _local = threading.local()
 _worker_info = None
 
 
-class WorkerInfo(typing.NamedTuple):
-    """Describes the worker process that runs the current code (the
-    fields: ``get_worker_info``)."""
+class _WorkerFields(typing.NamedTuple):
     id: int
     num_workers: int
     seed: int
-    incarnation: int = 0
+
+
+class WorkerInfo(_WorkerFields):
+    """Describes the worker process that runs the current code (the
+    fields: ``get_worker_info``).  A tuple of ``(id, num_workers, seed)``,
+    as it always was (``wid, n, seed = get_worker_info()`` unpacks it);
+    ``incarnation`` is an attribute beside them."""
+    def __new__(cls, id: int, num_workers: int, seed: int,
+                incarnation: int = 0) -> 'WorkerInfo':
+        self = super().__new__(cls, id, num_workers, seed)
+        self.__dict__['_incarnation'] = incarnation
+        return self
+
+    @property
+    def incarnation(self) -> int:
+        """How many workers had this id before this one (0: the first)."""
+        return self.__dict__.get('_incarnation', 0)
+
+    def _replace(self, **fields: int) -> 'WorkerInfo':
+        incarnation = fields.pop('incarnation', self.incarnation)
+        return WorkerInfo(*super()._replace(**fields),
+                          incarnation=incarnation)
+
+    def __repr__(self) -> str:
+        return 'WorkerInfo(id={}, num_workers={}, seed={}, ' \
+            'incarnation={})'.format(self.id, self.num_workers, self.seed,
+                                     self.incarnation)
 
 
 class _Loading:

@@ -448,6 +448,10 @@ def test_worker_init_fn_and_worker_info(method):
     for _, _pid, info, mark in examples:
         assert info is not None and info.num_workers == 2
         assert info.id in (0, 1) and mark == info.id
+        # Still the tuple it was, incarnation beside it.
+        worker_id, num_workers, seed = info
+        assert (worker_id, num_workers) == (info.id, 2)
+        assert seed == info.seed and info.incarnation == 0
     assert chainiter.get_worker_info() is None
 
 

@@ -282,3 +282,25 @@ def test_an_empty_order_through_json_loads():
         it.load_state_dict(state)
         assert list(it) == []
         assert it.state_dict()['order'].dtype.kind == 'i'
+
+
+class _RemembersNone(chainiter.ShuffleOrderSampler):
+    """An order sampler with a field it holds as None."""
+
+    def __init__(self):
+        super().__init__(numpy.random.RandomState(0))
+        self.last = None
+
+    def serialize(self, serializer):
+        super().serialize(serializer)
+        self.last = serializer('last', self.last)
+
+
+def test_an_order_samplers_field_that_is_none_loads(make):
+    it = make(list(range(10)), 3, order_sampler=_RemembersNone())
+    next(it)
+    state = it.state_dict()
+    expected = [next(it) for _ in range(5)]
+    again = make(list(range(10)), 3, order_sampler=_RemembersNone())
+    again.load_state_dict(state)
+    assert [next(again) for _ in range(5)] == expected

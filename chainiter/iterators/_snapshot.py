@@ -250,6 +250,10 @@ def holds_sampler_state(serializer, state, version, sampler):
     and was written by Chainer (``version`` None), whose snapshots hold no
     sampler state.  A part of it, or none in a snapshot of chainiter's,
     raises, naming the first field missing."""
+    # A field the sampler holds as None reads as None from the snapshot
+    # too, whether it is there or not: only the others can be missed.
+    state = {key: value for key, value in state.items()
+             if not _holds_none(value)}
     missing = ['order_sampler/' + key for key in state
                if field(serializer, key) is None]
     if not missing:
@@ -265,6 +269,12 @@ def holds_sampler_state(serializer, state, version, sampler):
             'it lost fields on the way' if len(missing) < len(state) else
             'it was written by an iterator whose order sampler has no '
             'state, or it lost fields on the way'))
+
+
+def _holds_none(value):
+    """Whether ``value`` is how ``DictionarySerializer`` writes None."""
+    return isinstance(value, numpy.ndarray) and value.dtype == object and \
+        value.ndim == 0 and value.item() is None
 
 
 def guess_previous_epoch_detail(epoch, position, size, global_batch_size):
