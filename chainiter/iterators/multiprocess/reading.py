@@ -67,8 +67,10 @@ def read(pool, batch, chunks, fitting):
     # (Examples read back exactly, for a list batch, were the workers'.)
     return (None, examples, bool(oversize) or (layout.mode == 'stacked' and
                                                not layout.exact),
-            slot_bytes, slot_bytes is not None or
-            outgrown(pool.slots, layout, oversize))
+            slot_bytes, slot_bytes is not None or (
+                # (Buffers that cannot grow: the groups stop, as before.)
+                not pool.slots.cannot_grow and
+                outgrown(pool.slots, layout, oversize)))
 
 
 def read_converted(pool, batch, chunks, fitting):
