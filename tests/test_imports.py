@@ -21,17 +21,7 @@ def test_import_needs_numpy_only():
 def test_keras_is_imported_by_chainiter_keras_alone():
     # chainiter.keras (KerasDataset) imports keras when it is imported
     # itself; no other module of chainiter names it.
-    root = os.path.dirname(chainiter.__file__)
-    importers = []
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if name.endswith('.py'):
-                with open(os.path.join(folder, name)) as f:
-                    if re.search(r'^\s*(from|import) keras\b', f.read(),
-                                 re.MULTILINE):
-                        importers.append(os.path.relpath(
-                            os.path.join(folder, name), root))
-    assert importers == ['keras.py']
+    assert _modules_importing(r'keras\b') == ['keras.py']
 
 
 def test_distributed_imports_no_mpi4py():
@@ -47,16 +37,7 @@ def test_distributed_imports_no_mpi4py():
     import chainiter.distributed._mpi as mpi
     with open(mpi.__file__) as f:
         assert 'mpi4py' in f.read()
-    root = os.path.dirname(chainiter.__file__)
-    importers = []
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if name.endswith('.py'):
-                with open(os.path.join(folder, name)) as f:
-                    if re.search(r'^\s*(from|import) mpi4py', f.read(),
-                                 re.MULTILINE):
-                        importers.append(name)
-    assert importers == ['_mpi.py']
+    assert _modules_importing('mpi4py') == ['distributed/_mpi.py']
 
 
 def test_numpy_and_cupy_devices_import_no_torch():
@@ -190,3 +171,19 @@ def test_chainer_loaded_past_the_finder_is_adopted_when_an_iterator_is_built(
     result = _run_with_fake_chainer(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == 'True'
+
+
+def _modules_importing(module):
+    """The modules of chainiter (paths under the package) with an import
+    statement of ``module`` (a regular expression)."""
+    root = os.path.dirname(chainiter.__file__)
+    importers = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith('.py'):
+                with open(os.path.join(folder, name)) as f:
+                    if re.search(r'^\s*(from|import) ' + module, f.read(),
+                                 re.MULTILINE):
+                        importers.append(os.path.relpath(
+                            os.path.join(folder, name), root))
+    return importers
