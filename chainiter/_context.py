@@ -140,13 +140,23 @@ def get_worker_info() -> Optional[WorkerInfo]:
     the first).  ``seed`` is what the worker seeded Python's ``random``
     (and torch, when imported) with: ``seed + id`` for the first worker of
     each id, as PyTorch's ``DataLoader``; ``seed + id + incarnation *
-    num_workers`` for a replacement, which so draws numbers of its own."""
-    return _worker_info
+    num_workers`` for a replacement, which so draws numbers of its own.
+
+    In a worker thread of ``MultithreadIterator`` it describes that
+    thread, with the same fields; the threads share the process's global
+    generators and seed none of them.  ``None`` in any other thread."""
+    return getattr(_local, 'worker_info', _worker_info)
 
 
 def set_worker_info(info):
+    """The process's (a worker process)."""
     global _worker_info
     _worker_info = info
+
+
+def set_thread_worker_info(info):
+    """The calling thread's (a worker thread; None: none)."""
+    _local.worker_info = info
 
 
 def load_example(dataset, index, seed, epoch, position):

@@ -2,7 +2,8 @@
 tuples, dicts and bare values; arrays of every numpy kind and byte order,
 of one shape or ragged, 0-d arrays, numpy scalars and Python values;
 fields that change kind, shape or dtype mid-epoch, dicts whose key order
-varies.  For each, the batches of a ``MultiprocessIterator`` equal those
+varies.  For each, the batches of a ``MultiprocessIterator`` (and of a
+``MultithreadIterator``: the same pipeline, with threads) equal those
 of a ``SerialIterator`` with the same converter, element by element: list
 batches (no converter), stacked (``concat_examples``) and padded
 (``padding=0``); ``concat_examples`` of a list batch equals that of the
@@ -16,7 +17,9 @@ import warnings
 
 import pytest
 
-from chainiter import MultiprocessIterator, SerialIterator, concat_examples
+from chainiter import (
+    MultiprocessIterator, MultithreadIterator, SerialIterator,
+    concat_examples)
 
 from fuzz_examples import FuzzDataset, difference
 from helpers import fingerprint
@@ -29,15 +32,16 @@ CONVERTERS = {
 # Under fork the workers start in milliseconds: many datasets; under
 # forkserver and spawn, fewer.
 SEEDS = {'fork': range(0, 60), 'forkserver': range(60, 70),
-         'spawn': range(70, 80)}
+         'spawn': range(70, 80), 'threads': range(80, 140)}
 
 
 @pytest.fixture(autouse=True)
 def group_early(monkeypatch):
     """Group after two batches, in groups of at most four."""
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 2)
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_S', 10.0)
-    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 4)
+    for kind in (MultiprocessIterator, MultithreadIterator):
+        monkeypatch.setattr(kind, 'GROUP_AFTER', 2)
+        monkeypatch.setattr(kind, 'GROUP_S', 10.0)
+        monkeypatch.setattr(kind, 'MAX_GROUP', 4)
 
 
 def _convert(converter, batch):
@@ -52,10 +56,14 @@ def _compare(dataset, method, converter, n_processes):
     batch_size = 2 + dataset.seed % 7
     n_batches = 3 * len(dataset) // batch_size + 1
     kwargs = dict(shuffle=True, seed=5)
-    with SerialIterator(dataset, batch_size, **kwargs) as serial, \
-            MultiprocessIterator(dataset, batch_size, n_processes=n_processes,
-                                 start_method=method, converter=converter,
-                                 **kwargs) as it:
+    if method == 'threads':
+        it = MultithreadIterator(dataset, batch_size, n_threads=n_processes,
+                                 converter=converter, **kwargs)
+    else:
+        it = MultiprocessIterator(dataset, batch_size, n_processes=n_processes,
+                                  start_method=method, converter=converter,
+                                  **kwargs)
+    with SerialIterator(dataset, batch_size, **kwargs) as serial, it:
         for k in range(n_batches):
             before = serial.epoch, serial.current_position
             expected = _convert(converter, next(serial))

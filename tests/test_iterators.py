@@ -191,16 +191,38 @@ def test_example_rng_outside_an_iterator_is_an_error():
         chainiter.example_rng()
 
 
-def test_get_worker_info_is_none_in_main_process(make):
-    class Info:
-        def __len__(self):
-            return 2
+class _Info:
+    def __len__(self):
+        return 2
 
-        def __getitem__(self, i):
-            return chainiter.get_worker_info()
+    def __getitem__(self, i):
+        return chainiter.get_worker_info()
+
+
+def test_get_worker_info_is_none_in_main_process():
     assert chainiter.get_worker_info() is None
-    with make(Info(), 2) as it:
+    with SerialIterator(_Info(), 2) as it:
         assert next(it) == [None, None]
+
+
+@pytest.mark.parametrize('n_threads', [1, 3])
+def test_get_worker_info_describes_the_worker_thread(n_threads):
+    seen = []
+
+    def init(worker_id):
+        seen.append((worker_id, chainiter.get_worker_info()))
+
+    with MultithreadIterator(_Info(), 2, n_threads=n_threads, seed=7,
+                             worker_init_fn=init) as it:
+        infos = next(it)
+        assert chainiter.get_worker_info() is None     # the caller's
+    assert all(type(info).__name__ == "WorkerInfo" for info in infos)
+    assert all(info.num_workers == n_threads for info in infos)
+    assert sorted(w for w, _ in seen) == list(range(n_threads))
+    for worker_id, info in seen:
+        wid, n, seed = info
+        assert (wid, n, seed) == (worker_id, n_threads, 7 + worker_id)
+        assert info.incarnation == 0
 
 
 def test_multithread_loads_ahead_while_the_user_holds_a_batch():

@@ -15,8 +15,8 @@ import numpy
 import pytest
 
 from chainiter import (
-    DevicePrefetcher, MultiprocessIterator, SerialIterator, concat_examples,
-    to_device)
+    DevicePrefetcher, MultiprocessIterator, MultithreadIterator,
+    SerialIterator, concat_examples, to_device)
 from chainiter.dataset.stacked_examples import StackedExamples
 
 from helpers import fingerprint
@@ -103,9 +103,10 @@ KINDS = ['tuple', 'dict', 'array', 'int', 'scalars', 'namedtuple', 'nested',
 @pytest.fixture(autouse=True)
 def group_early(monkeypatch):
     """Group after two batches, in groups of at most four."""
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 2)
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_S', 10.0)
-    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 4)
+    for kind in (MultiprocessIterator, MultithreadIterator):
+        monkeypatch.setattr(kind, 'GROUP_AFTER', 2)
+        monkeypatch.setattr(kind, 'GROUP_S', 10.0)
+        monkeypatch.setattr(kind, 'MAX_GROUP', 4)
 
 
 def _serial(dataset, n, **kwargs):
@@ -119,6 +120,17 @@ def test_list_batches_are_the_serial_ones(method, kind):
     expected = _serial(dataset, 30)
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,
                               seed=3, start_method=method) as it:
+        got = [fingerprint(list(next(it))) for _ in range(30)]
+    assert got == expected
+
+
+@pytest.mark.parametrize('n_threads', [1, 2])
+@pytest.mark.parametrize('kind', KINDS)
+def test_thread_list_batches_are_the_serial_ones(n_threads, kind):
+    dataset = Kinds(kind)
+    expected = _serial(dataset, 30)
+    with MultithreadIterator(dataset, 5, n_threads=n_threads, shuffle=True,
+                             seed=3) as it:
         got = [fingerprint(list(next(it))) for _ in range(30)]
     assert got == expected
 

@@ -4,6 +4,7 @@ test_multiprocess.py."""
 
 import copy
 import pickle
+import time
 
 import pytest
 
@@ -16,6 +17,9 @@ from helpers import Slow, compute
 STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
              'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
              'timed_batches', 'ready'}
+# The pipeline's own (MultithreadIterator's, as MultiprocessIterator's).
+PIPELINE_KEYS = {'by_copy', 'prefetch', 'batches_per_task',
+                 'workers_active', 'worker_busy', 'worker_cpu_wait'}
 
 
 def test_stats_count_batches_and_examples_exactly(make):
@@ -25,7 +29,8 @@ def test_stats_count_batches_and_examples_exactly(make):
         for _ in it:
             pass
         stats = it.stats
-    assert set(stats) == STAT_KEYS
+    assert set(stats) == STAT_KEYS | (
+        PIPELINE_KEYS if isinstance(it, MultithreadIterator) else set())
     assert (stats['batches'], stats['examples']) == (3, 10)
     assert stats['timed_batches'] == 2
     assert stats['first_batch_s'] >= 0 and stats['wait_s'] >= 0
@@ -46,13 +51,18 @@ def test_stats_count_batches_and_examples_exactly(make):
 
 
 def test_multithread_stats_count_ready_batches():
-    with MultithreadIterator(list(range(100)), 4, n_threads=2) as it:
+    with MultithreadIterator(list(range(100)), 4, n_threads=2,
+                             n_prefetch=3) as it:
         next(it)
-        # The next batch loads in the background: wait for it.
-        futures = it._pending[0][1]
-        for future in futures:
-            future.result(timeout=10)
-        assert it.stats['ready'] == 1
+        # The next batches load in the background: wait for them (the
+        # depth is at least 3: they are all ready within the deadline).
+        deadline = time.monotonic() + 10
+        while it.stats['ready'] < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert it.stats['ready'] >= 3
+        ready = it.stats['ready']
+        next(it)
+        assert it.stats['ready'] >= ready - 1
 
 
 def test_slow_dataset_fast_consumer_is_input_bound(make):

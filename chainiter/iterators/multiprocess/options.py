@@ -78,13 +78,16 @@ def check_picklable(obj, what, method):
 
 def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
          dataset_timeout, maxtasksperchild, converter, converter_in_workers,
-         start_method, worker_init_fn, max_prefetch_per_worker):
+         start_method, worker_init_fn, max_prefetch_per_worker,
+         workers='n_processes'):
     """The checked ``Options`` (the dataset's own checks, and its pickle
-    check, come after: see ``check_dataset``)."""
+    check, come after: see ``check_dataset``).  ``workers`` names the
+    argument that gave ``n_processes``: ``'n_threads'`` for worker
+    threads (the start method is then ``'threads'``)."""
     if n_processes is None:
         n_processes = cpus
     n_processes = _args.positive_int(
-        'n_processes', n_processes,
+        workers, n_processes,
         hint='; use SerialIterator to load in the main process')
     n_prefetch = _args.positive_int('n_prefetch', n_prefetch,
                                     allow_none=True)
@@ -105,9 +108,12 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
                          'in the workers, but no converter was given: '
                          'pass converter=...')
     _args.callable_or_none('worker_init_fn', worker_init_fn)
-    start_method = _args.start_method(start_method)
-    method = multiprocessing.get_context(start_method).get_start_method()
-    launch.refuse_in_bootstrap(method)
+    if workers == 'n_threads':
+        method = 'threads'
+    else:
+        start_method = _args.start_method(start_method)
+        method = multiprocessing.get_context(start_method).get_start_method()
+        launch.refuse_in_bootstrap(method)
     stacked, padding = stacking_padding(converter)
     # Without a converter the batch is the list of examples, as loaded:
     # the workers stack them all the same (StackedExamples).
@@ -143,7 +149,7 @@ def check_sent(options, dataset):
     """Under spawn and forkserver, what the workers get by pickling
     pickles (checked before any worker starts)."""
     method = options.start_method
-    if method == 'fork':
+    if method in ('fork', 'threads'):
         return
     check_picklable(dataset, 'dataset', method)
     if options.worker_init_fn is not None:

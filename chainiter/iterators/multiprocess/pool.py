@@ -32,13 +32,14 @@ import warnings
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError, IteratorFinalizedError, TimeoutWarning)
-from chainiter.iterators.multiprocess import forks, receiver, share
+from chainiter.iterators.multiprocess import forks, receiver, share, threads
 from chainiter.iterators.multiprocess.book import Book
 from chainiter.iterators.multiprocess.launch import (
     ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.pool_close import CLOSED, PoolClose
 from chainiter.iterators.multiprocess.pool_ready import ReadyBatches
 from chainiter.iterators.multiprocess.pool_workers import PoolWorkers
+from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # ``ready.get``'s first argument: block.
 _BLOCK = (True,)
@@ -53,7 +54,8 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
     def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_jobs_ahead, slots, split=True, cpus=None):
         self.owner = os.getpid()   # only this process may use or close it
-        self.method = ctx.get_start_method()
+        # ctx None: worker threads (threads.py), not processes.
+        self.method = 'threads' if ctx is None else ctx.get_start_method()
         self.lock = threading.Lock()
         self.book = Book(n_workers, n_jobs_ahead, max_tasks, split, cpus)
         # The batches in flight, a group's all counted (for messages).
@@ -91,7 +93,11 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         # Under spawn and forkserver the large arrays of the dataset go to
         # the workers as shared memory, which lives as long as the pool.
         self.shared_arrays = None
-        if ctx.get_start_method() == 'fork':
+        self.handle = threads.ThreadWorker if ctx is None else Worker
+        if ctx is None:
+            self.launcher = threads.ThreadLauncher(self, (
+                dataset, seed, n_workers, worker_init_fn, max_tasks))
+        elif self.method == 'fork':
             # Forked now, while this pool has no thread of its own.
             self.launcher = ForkLauncher(ctx, (
                 dataset, seed, n_workers, worker_init_fn, max_tasks))
@@ -105,8 +111,12 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
             self.launcher = ProcessLauncher(ctx, (
                 share.Shipped(self.shared_arrays), seed, n_workers, None,
                 max_tasks))
-        forks.POOLS.add(self)
-        self.receiver = receiver.Receiver(self)
+        if ctx is None:
+            # Private memory: a forked child has a copy of its own.
+            self.receiver = threads.NoReceiver(self)
+        else:
+            forks.POOLS.add(self)
+            self.receiver = receiver.Receiver(self)
         try:
             if self.shared_arrays is not None:
                 self.shared_arrays.defer()

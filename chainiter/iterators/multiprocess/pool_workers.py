@@ -10,7 +10,6 @@ built), most in the receiver thread; each says which.
 from chainiter.errors import (
     ChainiterError, SharedMemoryWarning, WorkerRestartWarning)
 from chainiter.iterators.multiprocess.remote import RemoteTraceback
-from chainiter.iterators.multiprocess.worker_handle import Worker
 
 
 class PoolWorkers:
@@ -26,11 +25,12 @@ class PoolWorkers:
                  if key in self.workers}
         worker_id = min(set(range(self._n_workers)) - taken)
         incarnation = self._incarnations[worker_id]
-        worker = Worker(worker_id, self.launcher.start(worker_id,
-                                                       incarnation))
+        worker = self.handle(worker_id, self.launcher.start(worker_id,
+                                                            incarnation))
         self._incarnations[worker_id] += 1
         self.book.add_worker(worker.key)
         self.workers[worker.key] = worker
+        worker.start()
         self.receiver.wake()       # so that it watches the new worker
         if self.shared_arrays is not None:
             message = self.shared_arrays.warning()

@@ -32,6 +32,7 @@ class RemoteTraceback(Exception):
 
 
 def capture(e, index):
+    """``e`` raised in a worker process, to send home."""
     tb = ''.join(traceback.format_exception(type(e), e, e.__traceback__))
     try:
         pickle.loads(pickle.dumps(e))
@@ -39,6 +40,12 @@ def capture(e, index):
     except Exception:
         exception = None
     return RemoteError(exception, type(e).__qualname__, str(e), tb, index)
+
+
+def capture_here(e, index):
+    """``e`` raised in a worker thread: the exception itself."""
+    tb = ''.join(traceback.format_exception(type(e), e, e.__traceback__))
+    return RemoteError(e, type(e).__qualname__, str(e), tb, index)
 
 
 

@@ -174,6 +174,26 @@ class SharedBuffer:
                     '{} has {} free'.format(d, size_text(f))
                     for d, f in tried)))
 
+    @classmethod
+    def private(cls, size, reserve=False):
+        """A buffer of ``size`` bytes of this process's own memory (no
+        file: for worker threads, which share the address space).  Private
+        to the process, so a forked child gets a copy of its own: what is
+        written later is not seen there."""
+        self = cls(0, -1)
+        self.size = max(int(size), 1)
+        try:
+            self.buffer = mmap.mmap(-1, self.size, mmap.MAP_PRIVATE)
+        except OSError as e:
+            if e.errno != errno.ENOMEM:
+                raise
+            raise MemoryError(
+                'cannot allocate {} for a batch buffer ({}). Lower '
+                'n_prefetch or batch_size'.format(size_text(self.size), e)
+            ) from e
+        _by_mapping[id(self.buffer)] = self
+        return self
+
     def reserve(self):
         """Reserve the pages of a buffer that ``allocate(reserve=False)``
         made.  Raises MemoryError when the file system has no room any

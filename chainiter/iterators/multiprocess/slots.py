@@ -55,8 +55,13 @@ _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
 class SlotPool:
 
     def __init__(self, n_slots, batch_size, stacked, padding, shared_mem,
-                 exact=False):
+                 exact=False, private=False):
         self.n_slots = n_slots
+        # Worker threads write into the process's own memory: no file,
+        # no descriptor (``SharedBuffer.private``).
+        self.private = private
+        self._allocate = SharedBuffer.private if private else \
+            SharedBuffer.allocate
         self.batch_size = batch_size    # rows a slot holds (a group's)
         self.one_batch = batch_size     # the examples of one batch
         self.stacked = stacked
@@ -101,9 +106,10 @@ class SlotPool:
         for slot in slots:
             if slot.shared is None:
                 try:
-                    check_room(buffers.layout.slot_bytes)
+                    if not self.private:
+                        check_room(buffers.layout.slot_bytes)
                     with uninterrupted():
-                        slot.shared = SharedBuffer.allocate(
+                        slot.shared = self._allocate(
                             buffers.layout.slot_bytes, reserve=False)
                 except (MemoryError, OSError) as e:
                     if isinstance(e, OSError) and \
@@ -140,8 +146,8 @@ class SlotPool:
         old = self.buffers
         new = Buffers(0 if old is None else old.id + 1, layout, self.n_slots)
         with uninterrupted():
-            new.slots[0].shared = SharedBuffer.allocate(layout.slot_bytes,
-                                                        reserve=False)
+            new.slots[0].shared = self._allocate(layout.slot_bytes,
+                                                 reserve=False)
             self.buffers = new
             if old is not None:
                 # Batches in flight may still be handed out from the old

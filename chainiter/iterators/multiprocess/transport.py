@@ -38,10 +38,12 @@ class Transport:
         # With the converter in the workers a slot holds one converted
         # batch: a list layout of one region.
         batch_size = iterator.batch_size
+        threads = options.start_method == 'threads'
         slots = SlotPool(options.max_depth + 2,
                          1 if options.in_workers else batch_size,
                          options.stacked, options.padding,
-                         options.shared_mem, exact=options.listed)
+                         options.shared_mem, exact=options.listed,
+                         private=threads)
         if options.shared_mem is not None and not options.stacked:
             # Before any worker starts: they get it as they start.
             slots.replace(list_layout.list_layout(
@@ -51,7 +53,8 @@ class Transport:
         if options.in_workers:
             dataset = converted.WithConverter(dataset, options.converter)
             slots.measure = converted.result_bytes
-        self.pool = Pool(multiprocessing.get_context(options.start_method),
+        self.pool = Pool(None if threads else
+                         multiprocessing.get_context(options.start_method),
                          dataset, options.n_processes, seed,
                          options.worker_init_fn, options.maxtasksperchild,
                          self.depth, slots, split=not options.in_workers,

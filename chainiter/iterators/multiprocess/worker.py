@@ -65,14 +65,15 @@ STARTED = -2
 NO_ROOM = -3
 
 
-def _load(dataset, step, seed, sink, batched):
+def _load(dataset, step, seed, sink, batched, capture):
     """``(metas, error)``: the examples of ``step`` written by ``sink``,
-    or the error that loading them raised."""
+    or the error that loading them raised (``capture``: as a worker
+    process or thread sends it home)."""
     try:
         _context.load_examples(dataset, step.indices, seed, step.spans, sink)
     except Exception as e:
-        return [], remote.capture(e, step.indices if batched else
-                                  int(step.indices[len(sink)]))
+        return [], capture(e, step.indices if batched else
+                           int(step.indices[len(sink)]))
     return sink.result(), None
 
 
@@ -209,6 +210,21 @@ def _run_task(conn, dataset, converter, batched, task, whole, layout,
               run_queue):
     """Load the task's examples into ``whole`` (its slot, or None) and
     send the result home; False when the parent's end is closed."""
+    metas, error, seconds, queued = run_task(
+        dataset, converter, batched, task, whole, layout, run_queue)
+    try:
+        wire.send_result(conn, task, metas, error, seconds, queued)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return False
+    return True
+
+
+def run_task(dataset, converter, batched, task, whole, layout, run_queue,
+             capture=remote.capture):
+    """``(metas, error, seconds, queued)``: the task's examples loaded
+    into ``whole`` (its slot, or None), as a worker process or thread
+    runs it; ``seconds`` it took, less ``queued``, those it waited for a
+    CPU."""
     started = time.perf_counter()
     queued = run_queue()
     if task.cuts:
@@ -216,7 +232,8 @@ def _run_task(conn, dataset, converter, batched, task, whole, layout,
         for a, b in wire.segments(task):
             metas, error = _load(dataset, task.step.cut(a, b), task.seed,
                                  sinks.sink_for(whole, layout,
-                                                task.start + a), batched)
+                                                task.start + a), batched,
+                                 capture)
             if error is not None:
                 break
             parts.append(metas)
@@ -226,11 +243,7 @@ def _run_task(conn, dataset, converter, batched, task, whole, layout,
             dataset, task.step, task.seed,
             sinks.sink_for(whole, layout, task.start) if converter is
             None else converted.ConverterSink(whole, layout, converter),
-            batched)
-    try:
-        queued = run_queue() - queued
-        wire.send_result(conn, task, metas, error, max(
-            0.0, time.perf_counter() - started - queued), queued)
-    except (BrokenPipeError, EOFError, ConnectionResetError):
-        return False
-    return True
+            batched, capture)
+    queued = run_queue() - queued
+    return metas, error, max(
+        0.0, time.perf_counter() - started - queued), queued

@@ -18,6 +18,10 @@ class Worker:
         self.has_slots = set()  # the SharedBuffers it was sent
         self.started = False   # it said so: Python got it to worker_main
 
+    @staticmethod
+    def start():
+        """The process runs already (a thread's handle starts it here)."""
+
     def send_task(self, task, buffers):
         """Send a task; first the layout and the slot's memory (a message,
         then the file descriptor itself) if the worker lacks them."""
