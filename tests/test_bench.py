@@ -295,7 +295,10 @@ def test_bench_compare_grain_skips_what_grain_cannot_run():
      ('chainiter', 8, {'shared_mem': None})),
     ('chainiter-list:prefetch_bytes=1048576+maxtasksperchild=10',
      ('chainiter-list', None, {'prefetch_bytes': 2 ** 20,
-                               'maxtasksperchild': 10}))])
+                               'maxtasksperchild': 10})),
+    ('threads', ('threads', None, {})),
+    ('threads-list:2', ('threads-list', 2, {})),
+    ('threads:n_prefetch=None', ('threads', None, {'n_prefetch': None}))])
 def test_loader_names_carry_iterator_arguments(name, parsed):
     from chainiter.bench import runner
     assert runner.parse_loader(name) == parsed
@@ -320,7 +323,9 @@ def test_loader_names_carry_iterator_arguments(name, parsed):
     ('chainiter:', ["'chainiter:'", 'NAME:K']),
     ('chainiter:n_prefetch=4+', ["'chainiter:n_prefetch=4+'", 'NAME:K']),
     ('torch:n_prefetch=4', ['torch:n_prefetch=4', 'NAME:K']),
-    ('serial:shared_mem=4096', ['serial:shared_mem=4096', 'NAME:K'])])
+    ('serial:shared_mem=4096', ['serial:shared_mem=4096', 'NAME:K']),
+    ('threads:shared_mem=4096', ["no 'shared_mem'", 'n_prefetch']),
+    ('threads-list:maxtasksperchild=9', ["no 'maxtasksperchild'"])])
 def test_bad_loader_arguments_say_the_right_form(name, words):
     from chainiter.bench import runner
     with pytest.raises(ValueError) as e:
@@ -453,5 +458,20 @@ def test_variable_labelled_against_dataloader():
         assert tuple(labels.shape) == (4,)
         assert (x[:, 0] == 1).all()       # each row a prefix of 1..2000
         assert (x[:, -1] == 0).any()      # padded with 0
+    finally:
+        close()
+
+
+@pytest.mark.parametrize('name', ['threads', 'threads-list'])
+def test_thread_loaders_run_multithread_iterators(name):
+    from chainiter import MultithreadIterator
+    from chainiter.bench import runner, workloads
+    workload = workloads.get('tiny-copy', 4)
+    next_batch, close = runner.make_loader(name, workload, 2)
+    try:
+        x, labels = next_batch()
+        assert x.shape == (4, 16) and labels.shape == (4,)
+        it = iterator_of(next_batch)
+        assert type(it) is MultithreadIterator and it.n_threads == 2
     finally:
         close()

@@ -8,6 +8,9 @@ Loaders:
     chainiter-list   MultiprocessIterator's list of examples, then the
                      workload's converter in the consumer (as Chainer's
                      StandardUpdater calls it)
+    threads, threads-list
+                     the same with MultithreadIterator (n_threads=WORKERS):
+                     the same pipeline with worker threads
     chainiter:K, chainiter-list:K
                      the same with n_prefetch = K x workers
     chainiter:n_prefetch=4+shared_mem=8000, chainiter-list:8+...
@@ -156,8 +159,15 @@ class PeakPss:
 
 
 #: Loader names; those marked True also take ``:K`` (batches per worker).
-LOADERS = {'chainiter': True, 'chainiter-list': True, 'torch': True,
-           'grain': True, 'serial': False}
+LOADERS = {'chainiter': True, 'chainiter-list': True, 'threads': True,
+           'threads-list': True, 'torch': True, 'grain': True,
+           'serial': False}
+#: The chainiter loaders: MultiprocessIterator's, then MultithreadIterator's
+#: (True: the list of examples, converted in the consumer).
+CHAINITER = {'chainiter': False, 'chainiter-list': True,
+             'threads': False, 'threads-list': True}
+#: The arguments of ITERATOR_ARGUMENTS that MultithreadIterator takes.
+THREAD_ARGUMENTS = ('n_prefetch', 'prefetch_bytes')
 #: The MultiprocessIterator arguments a chainiter loader name can carry
 #: (``chainiter:n_prefetch=4+shared_mem=8000``), and whether each takes
 #: None. Each is a positive integer otherwise; the bench sets the others.
@@ -189,7 +199,7 @@ def parse_loader(name):
     # After K (if any), only key=value parts, and those only for chainiter.
     well_formed = base in LOADERS and (not colon or LOADERS[base]) and all(
         '=' in part for part in parts) and (
-            not parts or base in ('chainiter', 'chainiter-list'))
+            not parts or base in CHAINITER)
     if not well_formed:
         raise ValueError(
             'unknown loader {!r}: --loaders takes a comma-separated list of '
@@ -209,6 +219,11 @@ def parse_loader(name):
                 'takes {}, as key=value separated by {!r}, e.g. {}'.format(
                     name, key, ', '.join(ITERATOR_ARGUMENTS), SEPARATOR,
                     _EXAMPLE))
+        if base.startswith('threads') and key not in THREAD_ARGUMENTS:
+            raise ValueError(
+                'loader {!r}: MultithreadIterator takes no {!r}; a threads '
+                'loader takes {}'.format(name, key,
+                                         ', '.join(THREAD_ARGUMENTS)))
         if key in arguments:
             raise ValueError('loader {!r}: {!r} given twice; give each '
                              'argument once, e.g. {}'.format(
@@ -267,15 +282,22 @@ def make_loader(name, workload, workers, start_method=None):
         dataset.block = batch_size     # each batch one bucket
     order = None if workload.order is None else workload.order(
         dataset, batch_size)
-    if base in ('chainiter', 'chainiter-list'):
+    if base in CHAINITER:
         import chainiter
-        stacked = base == 'chainiter'
-        it = chainiter.MultiprocessIterator(
-            dataset, batch_size, n_processes=workers, seed=0,
-            dataset_timeout=None, order_sampler=order,
-            converter=workload.converter if stacked else None,
-            start_method=start_method,
-            **iterator_arguments(name, workers))
+        stacked = not CHAINITER[base]
+        if base.startswith('threads'):
+            it = chainiter.MultithreadIterator(
+                dataset, batch_size, n_threads=workers, seed=0,
+                dataset_timeout=None, order_sampler=order,
+                converter=workload.converter if stacked else None,
+                **iterator_arguments(name, workers))
+        else:
+            it = chainiter.MultiprocessIterator(
+                dataset, batch_size, n_processes=workers, seed=0,
+                dataset_timeout=None, order_sampler=order,
+                converter=workload.converter if stacked else None,
+                start_method=start_method,
+                **iterator_arguments(name, workers))
         if stacked:
             return it.__next__, it.finalize
         convert = workload.converter
