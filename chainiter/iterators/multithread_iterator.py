@@ -1,7 +1,7 @@
 from typing import Any, Callable, Optional, Tuple, Union
 
 from chainiter._cpus import usable_cpus
-from chainiter.iterators.multiprocess import options as _options
+from chainiter.iterators.multiprocess import options as _options, threads
 from chainiter.iterators.multiprocess.iterator import Pipeline
 
 
@@ -71,3 +71,7 @@ class MultithreadIterator(Pipeline):
         self.converter = options.converter
         self.worker_init_fn = options.worker_init_fn
         self._start()
+
+    @staticmethod
+    def _boundary():
+        return threads.Threads()

@@ -17,7 +17,7 @@ from chainiter.iterators.multiprocess.reorder import Reorderer
 from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
 from chainiter.iterators.multiprocess.load_meter import LoadMeter
 from chainiter.iterators.multiprocess.remote import RemoteError
-from chainiter.iterators.multiprocess.wire import Result, Task, Unreadable
+from chainiter.iterators.multiprocess.tasks import Result, Task, Unreadable
 
 MAX_DEATHS_PER_BATCH = 3
 

@@ -5,6 +5,7 @@ pool and reads each finished batch back from its slot.  ``__init__.py``
 draws the data flow.
 """
 
+import multiprocessing
 import os
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
@@ -13,7 +14,8 @@ from chainiter._interrupts import uninterrupted
 from chainiter.errors import TimeoutWarning
 from chainiter.iterators import order_samplers
 from chainiter.iterators._base import DatasetIterator
-from chainiter.iterators.multiprocess import group_flow, reading
+from chainiter.iterators.multiprocess import (
+    boundary, checks, group_flow, reading)
 from chainiter.iterators.multiprocess import depth as _depth
 from chainiter.iterators.multiprocess import options as _options
 from chainiter.iterators.multiprocess.fitting import Fitting
@@ -95,7 +97,8 @@ class Pipeline(IteratorStats, DatasetIterator):
         return self._t.depth
 
     def _start_pool(self):
-        self._t.start_pool(self, self._options, self._worker_seed)
+        self._t.start_pool(self, self._options, self._worker_seed,
+                           self._boundary())
 
     @property
     def _worker_seed(self):
@@ -299,11 +302,11 @@ class MultiprocessIterator(Pipeline):
         options = _options.read(
             usable_cpus(), n_processes, n_prefetch, prefetch_bytes,
             shared_mem, dataset_timeout, maxtasksperchild, converter,
-            converter_in_workers, start_method, worker_init_fn,
-            self.MAX_PREFETCH_PER_WORKER)
+            converter_in_workers, checks.start_method(start_method),
+            worker_init_fn, self.MAX_PREFETCH_PER_WORKER)
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
-        _options.check_sent(options, dataset)
+        checks.check_sent(options, dataset)
         self._options = options
         # What Chainer's iterator has as attributes.
         self.n_processes = options.n_processes
@@ -317,3 +320,7 @@ class MultiprocessIterator(Pipeline):
         self.converter_in_workers = options.converter_in_workers
         self.start_method = options.start_method
         self._start()
+
+    def _boundary(self):
+        return boundary.Processes(
+            multiprocessing.get_context(self._options.start_method))

@@ -1,17 +1,14 @@
 """What ``MultiprocessIterator.__init__`` was given, checked once and
 read into one frozen ``Options``, with what follows from it (whether the
 workers stack, the first and largest depth, whether batches may go in
-groups).  Pure but for the pickle check, which pickles what the workers
-will get."""
+groups).  Pure (the checks of what worker processes get: ``checks.py``)."""
 
 import dataclasses
 import functools
-import multiprocessing
 from typing import Any, Callable, Optional
 
 from chainiter.dataset.convert import concat_examples
 from chainiter.iterators import _args
-from chainiter.iterators.multiprocess import array_pickle, by_value, launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,32 +47,6 @@ def stacking_padding(converter):
     return False, None
 
 
-def check_picklable(obj, what, method):
-    try:
-        # As the workers get it, large arrays left out: no copy of them.
-        array_pickle.check_picklable(obj)
-    except RuntimeError:
-        # Locks, events and queues of multiprocessing pickle only while a
-        # process starts; they reach the workers then.
-        pass
-    except by_value.Missing as e:
-        raise TypeError(
-            'MultiprocessIterator with start method {!r} sends the {} to the '
-            'worker processes by pickling, and it holds {}: only cloudpickle '
-            'can send that, by value, and it is not installed. Run: pip '
-            'install cloudpickle (or define it at the top level of a module '
-            'the workers can import, or use start_method="fork")'.format(
-                method, what, by_value.describe(e.obj))) from e.error
-    except Exception as e:
-        raise TypeError(
-            'MultiprocessIterator with start method {!r} sends the {} to the '
-            'worker processes by pickling, but it cannot be pickled ({}: '
-            '{}). Define its class and the functions it uses at module '
-            'level (not inside a function), or use '
-            'start_method="fork"'.format(method, what, type(e).__name__, e)
-        ) from e
-
-
 def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
          dataset_timeout, maxtasksperchild, converter, converter_in_workers,
          start_method, worker_init_fn, max_prefetch_per_worker,
@@ -108,12 +79,8 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
                          'in the workers, but no converter was given: '
                          'pass converter=...')
     _args.callable_or_none('worker_init_fn', worker_init_fn)
-    if workers == 'n_threads':
-        method = 'threads'
-    else:
-        start_method = _args.start_method(start_method)
-        method = multiprocessing.get_context(start_method).get_start_method()
-        launch.refuse_in_bootstrap(method)
+    # Worker processes: resolved by the caller (``checks.start_method``).
+    method = 'threads' if workers == 'n_threads' else start_method
     stacked, padding = stacking_padding(converter)
     # Without a converter the batch is the list of examples, as loaded:
     # the workers stack them all the same (StackedExamples).
@@ -143,16 +110,3 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
         # (batches in flight) and maxtasksperchild (tasks).
         may_group=stacked,
         first_depth=first_depth, max_depth=max_depth)
-
-
-def check_sent(options, dataset):
-    """Under spawn and forkserver, what the workers get by pickling
-    pickles (checked before any worker starts)."""
-    method = options.start_method
-    if method in ('fork', 'threads'):
-        return
-    check_picklable(dataset, 'dataset', method)
-    if options.worker_init_fn is not None:
-        check_picklable(options.worker_init_fn, 'worker_init_fn', method)
-    if options.in_workers:
-        check_picklable(options.converter, 'converter', method)

@@ -32,17 +32,14 @@ import warnings
 from chainiter._interrupts import uninterrupted
 from chainiter.errors import (
     ChainiterError, IteratorFinalizedError, TimeoutWarning)
-from chainiter.iterators.multiprocess import forks, receiver, share, threads
 from chainiter.iterators.multiprocess.book import Book
-from chainiter.iterators.multiprocess.launch import (
-    ForkLauncher, ProcessLauncher)
 from chainiter.iterators.multiprocess.pool_close import CLOSED, PoolClose
 from chainiter.iterators.multiprocess.pool_ready import ReadyBatches
 from chainiter.iterators.multiprocess.pool_workers import PoolWorkers
-from chainiter.iterators.multiprocess.worker_handle import Worker
 
 # ``ready.get``'s first argument: block.
 _BLOCK = (True,)
+POLL_S = 1.0      # the receiver looks at the workers at least this often
 
 
 class Pool(PoolWorkers, ReadyBatches, PoolClose):
@@ -51,11 +48,12 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
     ``pool_workers.py``, its ready queue's in ``pool_ready.py``, its
     ``close`` in ``pool_close.py``."""
 
-    def __init__(self, ctx, dataset, n_workers, seed, worker_init_fn,
+    def __init__(self, boundary, dataset, n_workers, seed, worker_init_fn,
                  max_tasks, n_jobs_ahead, slots, split=True, cpus=None):
         self.owner = os.getpid()   # only this process may use or close it
-        # ctx None: worker threads (threads.py), not processes.
-        self.method = 'threads' if ctx is None else ctx.get_start_method()
+        # The workers' kind: processes (``boundary.Processes``) or threads
+        # (``threads.Threads``).
+        self.method = boundary.method
         self.lock = threading.Lock()
         self.book = Book(n_workers, n_jobs_ahead, max_tasks, split, cpus)
         # The batches in flight, a group's all counted (for messages).
@@ -93,30 +91,11 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         # Under spawn and forkserver the large arrays of the dataset go to
         # the workers as shared memory, which lives as long as the pool.
         self.shared_arrays = None
-        self.handle = threads.ThreadWorker if ctx is None else Worker
-        if ctx is None:
-            self.launcher = threads.ThreadLauncher(self, (
-                dataset, seed, n_workers, worker_init_fn, max_tasks))
-        elif self.method == 'fork':
-            # Forked now, while this pool has no thread of its own.
-            self.launcher = ForkLauncher(ctx, (
-                dataset, seed, n_workers, worker_init_fn, max_tasks))
-        else:
-            # The worker_init_fn travels in the dataset's pickle: what a
-            # notebook defines goes by value, and a worker_init_fn that sets
-            # a global the dataset reads must set the dataset's copy of it.
-            # Pickled once, at the first start: every worker, a replacement
-            # too, gets the same bytes (share.py).
-            self.shared_arrays = share.ArrayShare((dataset, worker_init_fn))
-            self.launcher = ProcessLauncher(ctx, (
-                share.Shipped(self.shared_arrays), seed, n_workers, None,
-                max_tasks))
-        if ctx is None:
-            # Private memory: a forked child has a copy of its own.
-            self.receiver = threads.NoReceiver(self)
-        else:
-            forks.POOLS.add(self)
-            self.receiver = receiver.Receiver(self)
+        # The launcher and the receiver of the workers' kind (and the
+        # shared arrays).
+        self.handle = boundary.handle
+        boundary.connect(self, dataset, seed, n_workers, worker_init_fn,
+                         max_tasks)
         try:
             if self.shared_arrays is not None:
                 self.shared_arrays.defer()
@@ -202,7 +181,7 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
                 self.waiting = True
                 try:
                     box.extend(map(self.ready.get, _BLOCK, (
-                        timeout if timeout else receiver.POLL_S,)))
+                        timeout if timeout else POLL_S,)))
                 except queue.Empty:
                     # Handled outside the except block: a Ctrl-C landing
                     # in the handling would print queue.Empty's traceback

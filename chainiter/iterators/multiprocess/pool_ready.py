@@ -14,7 +14,7 @@ import warnings
 
 import numpy
 
-from chainiter.iterators.multiprocess import read, wire
+from chainiter.iterators.multiprocess import read, tasks
 from chainiter.iterators.multiprocess.book import Batch
 
 
@@ -113,7 +113,7 @@ class ReadyBatches:
         results = [batch.results[i] for i in range(batch.n_chunks)]
         if any(result.error is not None for result in results):
             return
-        chunks = wire.segment_metas([result.metas for result in results])
+        chunks = tasks.segment_metas([result.metas for result in results])
         try:
             exporter = self.slots.exporter(batch)
             stacked, _, oversize = read.read_batch(

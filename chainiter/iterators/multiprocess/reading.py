@@ -8,7 +8,7 @@ depth to."""
 import numpy
 
 from chainiter.errors import ChainiterError, WorkerDiedError
-from chainiter.iterators.multiprocess import converted, remote, wire
+from chainiter.iterators.multiprocess import converted, remote, tasks
 from chainiter.iterators.multiprocess.fitting import outgrown
 from chainiter.iterators.multiprocess.layout import Whole
 from chainiter.iterators.multiprocess.read import read_batch
@@ -17,8 +17,8 @@ from chainiter.iterators.multiprocess.read import read_batch
 def metas(batch):
     """What each chunk of a finished batch that holds no error tells, a
     padded group's chunk as its parts, one per batch
-    (``wire.segment_metas``)."""
-    return wire.segment_metas(
+    (``tasks.segment_metas``)."""
+    return tasks.segment_metas(
         [batch.results[i].metas for i in range(batch.n_chunks)])
 
 

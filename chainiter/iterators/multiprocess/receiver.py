@@ -19,12 +19,12 @@ import threading
 
 from chainiter.errors import ChainiterError
 from chainiter.iterators.multiprocess import remote
+from chainiter.iterators.multiprocess.pool import POLL_S
 from chainiter.iterators.multiprocess.wire import (
     load_result, receive_results)
 from chainiter.iterators.multiprocess.worker import (
     NO_ROOM, STARTED, STARTUP_FAILED)
 
-POLL_S = 1.0      # it looks at the sockets at least this often
 # It rests while this many batches wait for the consumer, until fewer than
 # _READY_LOW do.
 _READY_HIGH = 4

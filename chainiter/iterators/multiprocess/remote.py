@@ -7,7 +7,6 @@ import typing
 
 from chainiter._context import describe_indices
 from chainiter.errors import ChainiterError
-from chainiter.iterators.multiprocess.list_layout import UniformRows
 
 class RemoteError(typing.NamedTuple):
     """An exception raised in a worker, sent home with its traceback."""
@@ -71,19 +70,6 @@ def startup_error(payload):
                               'in the main process: {}: {})'.format(
                                   error.message, error.type_name,
                                   type(e).__name__, e))
-
-
-def first_unpicklable(metas, task):
-    if type(metas) is UniformRows:
-        metas = metas.others or []     # the only part that is not arrays
-    elif not isinstance(metas, list):
-        metas = []                     # Rows: shapes only
-    for index, meta in zip(task.indices, metas):
-        try:
-            pickle.dumps(meta)
-        except Exception:
-            return int(index)
-    return int(task.indices[min(len(metas), len(task.indices) - 1)])
 
 
 def _where(index):

@@ -12,9 +12,10 @@ there is no receiver thread: a worker that delivers a result also
 submits what the main thread posted (a group of small batches), and the
 main thread submits it when no worker is loading.
 
-Three classes with the interfaces of their process counterparts:
-``ThreadLauncher`` (``launch.py``), ``ThreadWorker`` (``worker_handle.py``)
-and ``NoReceiver`` (``receiver.py``).
+``Threads`` is what the pool is given for them (``boundary.Processes``
+for processes); three classes have the interfaces of their process
+counterparts: ``ThreadLauncher`` (``launch.py``), ``ThreadWorker``
+(``worker_handle.py``) and ``NoReceiver`` (``receiver.py``).
 """
 
 import itertools
@@ -27,7 +28,7 @@ import numpy
 
 from chainiter import _context
 from chainiter.iterators._state import Step
-from chainiter.iterators.multiprocess import converted, remote, worker
+from chainiter.iterators.multiprocess import converted, load, remote
 from chainiter.iterators.multiprocess.launch import Launched
 from chainiter.iterators.multiprocess.worker_process import worker_stream
 
@@ -90,6 +91,23 @@ class ThreadWorker:
 
     def close(self):
         pass
+
+
+class Threads:
+    """The pool's workers as threads (``Processes``' counterpart,
+    ``boundary.py``)."""
+
+    method = 'threads'
+    handle = ThreadWorker
+
+    @staticmethod
+    def connect(pool, dataset, seed, n_workers, worker_init_fn, max_tasks):
+        """Give ``pool`` its launcher and its stand-in receiver.  (Not in
+        ``forks.POOLS``: the slots are private memory, which a forked
+        child has a copy of.)"""
+        pool.launcher = ThreadLauncher(pool, (
+            dataset, seed, n_workers, worker_init_fn, max_tasks))
+        pool.receiver = NoReceiver(pool)
 
 
 class NoReceiver:
@@ -213,7 +231,7 @@ def _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset, seed,
                 launched)
             return
     batched = _context.batch_method(dataset) is not None
-    run_queue = worker.RunQueueClock()
+    run_queue = load.RunQueueClock()
     done = 0
     while max_tasks is None or done < max_tasks:
         item = inbox.get()
@@ -225,7 +243,7 @@ def _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset, seed,
             numpy.asarray(task.step.indices).tolist(), task.step.spans))
         whole = None if memory is None else \
             numpy.frombuffer(memory, dtype=numpy.uint8)
-        result = worker.run_task(dataset, converter, batched, here, whole,
+        result = load.run_task(dataset, converter, batched, here, whole,
                                  layout, run_queue, remote.capture_here)
         del whole, memory
         if not _deliver(pool_ref, lambda pool, w: pool.on_result(

@@ -2,7 +2,6 @@
 when the iterator is built, unpickled or copied, and in a forked child;
 never copied or pickled (``DatasetIterator._transport_attributes``)."""
 
-import multiprocessing
 import weakref
 
 from chainiter.iterators.multiprocess import converted, list_layout
@@ -32,13 +31,14 @@ class Transport:
         self.grouping = grouping    # when to group, how many
         self.busy_mark = window_mark(None)  # (pool, load meter Sample)
 
-    def start_pool(self, iterator, options, seed):
+    def start_pool(self, iterator, options, seed, boundary):
         """Start the pool of ``iterator`` (its dataset and batch size;
-        ``seed``: the workers'), closed once the iterator is gone."""
+        ``seed``: the workers'; ``boundary``: the workers' kind), closed
+        once the iterator is gone."""
         # With the converter in the workers a slot holds one converted
         # batch: a list layout of one region.
         batch_size = iterator.batch_size
-        threads = options.start_method == 'threads'
+        threads = boundary.method == 'threads'
         slots = SlotPool(options.max_depth + 2,
                          1 if options.in_workers else batch_size,
                          options.stacked, options.padding,
@@ -53,8 +53,7 @@ class Transport:
         if options.in_workers:
             dataset = converted.WithConverter(dataset, options.converter)
             slots.measure = converted.result_bytes
-        self.pool = Pool(None if threads else
-                         multiprocessing.get_context(options.start_method),
+        self.pool = Pool(boundary,
                          dataset, options.n_processes, seed,
                          options.worker_init_fn, options.maxtasksperchild,
                          self.depth, slots, split=not options.in_workers,

@@ -1,4 +1,5 @@
-"""What travels between the pool and a worker, and how it is framed.
+"""What travels between the pool and a worker process, and how it is
+framed (the ``Task`` and its result: ``tasks.py``).
 
 To the worker (``multiprocessing.Connection`` framing, read by ``recv``):
 ``('ready',)`` first, to the workers started while the dataset's arrays
@@ -19,43 +20,27 @@ import pickle
 import select
 import struct
 import traceback
-import typing
 
 import numpy
 
 from chainiter.iterators._state import Step
-from chainiter.iterators.multiprocess.remote import (
-    RemoteError, first_unpicklable)
+from chainiter.iterators.multiprocess.list_layout import UniformRows
+from chainiter.iterators.multiprocess.remote import RemoteError
+from chainiter.iterators.multiprocess.tasks import Parts, Task, Unreadable
 from chainiter.iterators.order_samplers import SeededPermutation
 
 
-class Task(typing.NamedTuple):
-    generation: int
-    seq: int
-    chunk: int
-    start: int              # row of the first example within the batch
-    step: Step              # its rows of the batch's Step
-    slot: int               # index of the slot to write into, or -1
-    buffer_id: int
-    seed: int               # keys example_rng()
-    # Rows of the batch where each of the batches of a group begins, when
-    # the worker must write them apart (a padded field's largest shape is
-    # each batch's own; batches of several shapes or dtypes are each
-    # read as their own); else empty.
-    cuts: tuple = ()
-    # The tasks it counts as against ``maxtasksperchild``: a group's, as
-    # many as its batches.
-    weight: int = 1
-
-    @property
-    def indices(self):
-        """The dataset indices: an int array in the parent, a list in the
-        worker."""
-        return self.step.indices
-
-    @property
-    def spans(self):
-        return self.step.spans
+def first_unpicklable(metas, task):
+    if type(metas) is UniformRows:
+        metas = metas.others or []     # the only part that is not arrays
+    elif not isinstance(metas, list):
+        metas = []                     # Rows: shapes only
+    for index, meta in zip(task.indices, metas):
+        try:
+            pickle.dumps(meta)
+        except Exception:
+            return int(index)
+    return int(task.indices[min(len(metas), len(task.indices) - 1)])
 
 
 def encode_task(task):
@@ -119,41 +104,6 @@ def decode_task(message):
                 cuts, weight)
 
 
-def segments(task):
-    """``(a, b)`` row ranges of the task's chunk, cut where a batch of
-    its group begins (the whole chunk when ``task.cuts`` is empty)."""
-    n = len(task.step)
-    inner = [c - task.start for c in task.cuts if task.start < c <
-             task.start + n]
-    return list(zip([0] + inner, inner + [n]))
-
-
-class Parts(typing.NamedTuple):
-    """A chunk's results, one per segment (``segments``)."""
-    metas: list
-
-
-def segment_metas(chunks):
-    """The results of each segment of ``chunks`` (what each chunk of a
-    batch tells), in order: a padded group's chunk comes as ``Parts``,
-    one per batch it holds."""
-    out = []
-    for chunk in chunks:
-        if type(chunk) is Parts:
-            out.extend(chunk.metas)
-        else:
-            out.append(chunk)
-    return out
-
-
-class Result(typing.NamedTuple):
-    generation: int
-    seq: int
-    chunk: int
-    metas: object           # Rows, or per example its metadata or a Whole
-    error: object = None    # a RemoteError when loading failed
-
-
 _HEADER = struct.Struct('<qqq')   # generation, seq, chunk
 
 
@@ -207,12 +157,6 @@ def send_frame(conn, data):
     sent = os.write(fd, framed)
     while sent < len(framed):
         sent += os.write(fd, framed[sent:])
-
-
-class Unreadable(typing.NamedTuple):
-    """A result whose payload cannot be unpickled in the main process."""
-    error: Exception
-    traceback: str
 
 
 def load_result(payload):

@@ -15,44 +15,16 @@ the parent's to handle.
 import os
 import pickle
 import signal
-import time
 from multiprocessing import reduction
 
 import numpy
 
 from chainiter import _context
 from chainiter.iterators.multiprocess import (
-    converted, remote, share, sinks, wire)
+    converted, load, remote, share, wire)
 from chainiter.iterators.multiprocess.shm import SharedBuffer, reserve_pages
 from chainiter.iterators.multiprocess.worker_process import (
     seed_global_rngs, watch_parent, worker_stream, yield_to_the_trainer)
-
-
-class RunQueueClock:
-    """Seconds this thread has waited for a CPU while it could run (Linux's
-    ``/proc/thread-self/schedstat``; always 0 elsewhere).
-
-    A worker reports the seconds a task took less these: on a machine
-    with fewer cores than processes, the wall time of a task grows with
-    the number of workers (each waits for its turn), and the pipeline,
-    taking that for work, would keep more workers busy, which only makes
-    the waits longer.  Waits for I/O still count, as work that more
-    workers overlap.
-    """
-
-    def __init__(self):
-        try:
-            self._fd = os.open('/proc/thread-self/schedstat', os.O_RDONLY)
-        except (OSError, AttributeError):
-            self._fd = None
-
-    def __call__(self):
-        if self._fd is None:
-            return 0.0
-        try:
-            return int(os.pread(self._fd, 128, 0).split()[1]) * 1e-9
-        except (OSError, ValueError, IndexError):
-            return 0.0
 
 
 #: ``seq`` of the message a worker sends when it cannot start.
@@ -63,18 +35,6 @@ STARTED = -2
 #: ``seq`` of the message a worker sends (once) when it could not reserve
 #: a slot: ``(size, reason)``.
 NO_ROOM = -3
-
-
-def _load(dataset, step, seed, sink, batched, capture):
-    """``(metas, error)``: the examples of ``step`` written by ``sink``,
-    or the error that loading them raised (``capture``: as a worker
-    process or thread sends it home)."""
-    try:
-        _context.load_examples(dataset, step.indices, seed, step.spans, sink)
-    except Exception as e:
-        return [], capture(e, step.indices if batched else
-                           int(step.indices[len(sink)]))
-    return sink.result(), None
 
 
 def worker_main(conn, dataset, seed, worker_id, incarnation, num_workers,
@@ -100,7 +60,7 @@ def worker_main(conn, dataset, seed, worker_id, incarnation, num_workers,
     buffer_id = -1
     slots = {}
     done = 0
-    run_queue = RunQueueClock()
+    run_queue = load.RunQueueClock()
     warned_no_room = False
     while max_tasks is None or done < max_tasks:
         try:
@@ -210,40 +170,10 @@ def _run_task(conn, dataset, converter, batched, task, whole, layout,
               run_queue):
     """Load the task's examples into ``whole`` (its slot, or None) and
     send the result home; False when the parent's end is closed."""
-    metas, error, seconds, queued = run_task(
+    metas, error, seconds, queued = load.run_task(
         dataset, converter, batched, task, whole, layout, run_queue)
     try:
         wire.send_result(conn, task, metas, error, seconds, queued)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return False
     return True
-
-
-def run_task(dataset, converter, batched, task, whole, layout, run_queue,
-             capture=remote.capture):
-    """``(metas, error, seconds, queued)``: the task's examples loaded
-    into ``whole`` (its slot, or None), as a worker process or thread
-    runs it; ``seconds`` it took, less ``queued``, those it waited for a
-    CPU."""
-    started = time.perf_counter()
-    queued = run_queue()
-    if task.cuts:
-        parts = []
-        for a, b in wire.segments(task):
-            metas, error = _load(dataset, task.step.cut(a, b), task.seed,
-                                 sinks.sink_for(whole, layout,
-                                                task.start + a), batched,
-                                 capture)
-            if error is not None:
-                break
-            parts.append(metas)
-        metas = [] if error is not None else wire.Parts(parts)
-    else:
-        metas, error = _load(
-            dataset, task.step, task.seed,
-            sinks.sink_for(whole, layout, task.start) if converter is
-            None else converted.ConverterSink(whole, layout, converter),
-            batched, capture)
-    queued = run_queue() - queued
-    return metas, error, max(
-        0.0, time.perf_counter() - started - queued), queued
