@@ -14,7 +14,7 @@ from chainiter.errors import (  # NOQA
     SnapshotMismatchError, TimeoutWarning, WorkerDiedError,
     WorkerRestartWarning)
 from chainiter.iterators._stats import diagnose  # NOQA
-from chainiter.iterators.multiprocess.shared_arrays import (  # NOQA
+from chainiter.iterators.pipeline.processes.shared_arrays import (  # NOQA
     shared_copy, shared_empty)
 from chainiter.iterators import (  # NOQA
     DevicePrefetcher, Iterator, Loader, MultiprocessIterator, MultithreadIterator, OrderSampler,

@@ -641,7 +641,7 @@ class UnpicklesBadly:
 
 def _is_buffer(path):
     """An unlinked chainiter buffer file (see
-    chainiter/iterators/multiprocess/shm.py):
+    chainiter/iterators/pipeline/shm.py):
     O_TMPFILE names it '#inode', the fallback 'chainiter-...'."""
     import os
     if not path.endswith(' (deleted)'):

@@ -7,7 +7,7 @@ import numpy
 
 from chainiter.errors import ChainiterError, WorkerDiedError
 from chainiter.iterators._state import Step
-from chainiter.iterators.multiprocess.book import Book
+from chainiter.iterators.pipeline.flow.book import Book
 
 
 def step(start, n, epoch=0):
@@ -154,7 +154,7 @@ def test_a_seeded_task_travels_as_its_orders_keys_not_its_indices():
     """The worker computes a seeded step's indices (the main process never
     does); other orders' tasks carry the indices."""
     from chainiter.iterators._state import IteratorState, advance
-    from chainiter.iterators.multiprocess.wire import (
+    from chainiter.iterators.pipeline.processes.wire import (
         Task, decode_task, encode_task)
     from chainiter.iterators.order_samplers import SeededPermutation
     n = 10 ** 8
@@ -185,7 +185,7 @@ def run_window(active, waited_every=None, load_per_batch=0.0,
     ``load_per_batch`` is 0: none arrive) and ``queued_per_batch`` seconds
     of waiting for a CPU; every ``waited_every``-th found no batch ready.
     Returns (count, now, load, loaded)."""
-    from chainiter.iterators.multiprocess.active_workers import ADAPT_BATCHES
+    from chainiter.iterators.pipeline.flow.active_workers import ADAPT_BATCHES
     count = None
     for i in range(ADAPT_BATCHES):
         now += period
@@ -199,14 +199,14 @@ def run_window(active, waited_every=None, load_per_batch=0.0,
 
 
 def test_all_workers_take_tasks_until_a_window_is_measured():
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16)
     assert active.batch(False, 0.0, 0.0, 0, 32) == 16
     assert active.batch(False, 0.001, 0.0, 0, 32) == 16
 
 
 def test_a_slow_consumer_keeps_as_many_workers_as_the_loading_needs():
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16)
     active.batch(False, 0.0, 0.0, 0, 32)
     # Each batch loads in 0.3 ms and is taken every 1 ms: 0.3 workers
@@ -225,7 +225,7 @@ def test_a_slow_consumer_keeps_as_many_workers_as_the_loading_needs():
 
 
 def test_waiting_for_batches_doubles_the_workers_up_to_all():
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16)
     active.batch(False, 0.0, 0.0, 0, 32)
     now, load, loaded = 0.0, 0.0, 0
@@ -247,7 +247,7 @@ def test_waits_double_no_workers_that_already_wait_for_cpus():
     # with its batch waits for a core, not for want of workers.  Each
     # batch costs 0.3 ms of loading and 0.2 ms waiting for a CPU: the
     # count follows the loading, as if nothing waited.
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16)
     active.batch(False, 0.0, 0.0, 0, 32)
     counts, now, load, loaded = [], 0.0, 0.0, 0
@@ -270,7 +270,7 @@ def test_workers_beyond_twice_the_cpus_stop_when_the_first_batch_waited():
     # longer than a quarter of it (0.06 s against 0.04 s), so 4 take
     # tasks.  All 16 cutting the first 38 MB batches among them took
     # twice as long to reach full speed.
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
 
     def first(n, cpus, queued_s):
         return ActiveWorkers(n, cpus).batch(False, 0.0, 0.04, 32, 32,
@@ -287,13 +287,13 @@ def test_workers_beyond_twice_the_cpus_stop_when_the_first_batch_waited():
 
 
 def test_workers_stopped_at_the_first_batch_join_again_when_needed():
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16, cpus=2)
     assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
     # Then the windows decide as for any count: a window in which next()
     # waited, the workers no longer waiting for CPUs (they wait on I/O
     # now, say), doubles them.
-    from chainiter.iterators.multiprocess.active_workers import ADAPT_BATCHES
+    from chainiter.iterators.pipeline.flow.active_workers import ADAPT_BATCHES
     counts = []
     for i in range(1, ADAPT_BATCHES + 1):
         counts.append(active.batch(i % 4 == 0, 0.01 * i, 0.04 + 0.01 * i,
@@ -307,7 +307,7 @@ def test_workers_capped_by_a_first_batch_that_misled_grow_within_batches():
     # then every next() waits and the 4 workers do not wait for CPUs: they
     # wait on I/O.  The count doubles every GROW_BATCHES batches, not
     # every window.
-    from chainiter.iterators.multiprocess.active_workers import (
+    from chainiter.iterators.pipeline.flow.active_workers import (
         ActiveWorkers, GROW_BATCHES)
     active = ActiveWorkers(16, cpus=2)
     assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
@@ -320,7 +320,7 @@ def test_workers_capped_by_a_first_batch_that_misled_grow_within_batches():
 
 
 def test_workers_that_wait_for_cpus_after_the_first_batch_stay_capped():
-    from chainiter.iterators.multiprocess.active_workers import (
+    from chainiter.iterators.pipeline.flow.active_workers import (
         ActiveWorkers, ADAPT_BATCHES)
     active = ActiveWorkers(16, cpus=2)
     assert active.batch(False, 0.0, 0.04, 32, 32, 0.06) == 4
@@ -336,10 +336,10 @@ def test_a_deep_pipeline_keeps_every_worker():
     # With more batches in flight than workers, the few workers would
     # hold the tasks of all of them, and those stay with them when more
     # join: the first batch's cap is lifted, or never set.
-    from chainiter.iterators.multiprocess.active_workers import (
+    from chainiter.iterators.pipeline.flow.active_workers import (
         ActiveWorkers)
-    from chainiter.iterators.multiprocess.book import Book
-    from chainiter.iterators.multiprocess.load_meter import Sample
+    from chainiter.iterators.pipeline.flow.book import Book
+    from chainiter.iterators.pipeline.flow.load_meter import Sample
     book = Book(16, 1, None, cpus=2)
     book.meter.sample = Sample(0.04, 0, 0.06)
     book.handed_out(False, 0.0, 32)
@@ -360,7 +360,7 @@ def test_a_deep_pipeline_keeps_every_worker():
 
 
 def test_a_single_worker_stays():
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(1)
     active.batch(False, 0.0, 0.0, 0, 32)
     assert run_window(active)[0] == 1
@@ -383,7 +383,7 @@ def test_a_window_that_drains_loaded_batches_keeps_every_worker():
     # found ready, yet the consumer is the faster side.  Their loading
     # seconds arrived in earlier windows; this window's few results say
     # nothing about how many workers the consumer needs.
-    from chainiter.iterators.multiprocess.active_workers import ActiveWorkers
+    from chainiter.iterators.pipeline.flow.active_workers import ActiveWorkers
     active = ActiveWorkers(16)
     active.batch(False, 0.0, 0.0, 0, 32)
     # Loader-bound: 16 workers, 160 ms a batch of 32, one batch each 10 ms.

@@ -449,7 +449,7 @@ def test_a_failed_staging_allocation_is_not_remembered(fake):
 
 
 def test_no_release_callback_after_release():
-    from chainiter.iterators.multiprocess.shm import SharedBuffer
+    from chainiter.iterators.pipeline.memory.shm import SharedBuffer
     shared = SharedBuffer.allocate(4096)
     calls = []
     assert shared.when_released(lambda: calls.append(1))

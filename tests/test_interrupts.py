@@ -28,7 +28,7 @@ from chainiter import (
     DevicePrefetcher, IteratorFinalizedError, MultiprocessIterator,
     MultithreadIterator, SerialIterator, concat_examples)
 from chainiter._interrupts import uninterrupted
-from chainiter.iterators.multiprocess.shm import SharedBuffer
+from chainiter.iterators.pipeline.memory.shm import SharedBuffer
 
 import helpers
 from helpers import (

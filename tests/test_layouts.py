@@ -9,12 +9,12 @@ import numpy
 import pytest
 
 from chainiter import concat_examples
-from chainiter.iterators.multiprocess import read, sinks, stacked_layout
-from chainiter.iterators.multiprocess.layout import Whole
-from chainiter.iterators.multiprocess.slots import GROWTH, SlotPool
-from chainiter.iterators.multiprocess.example_rows import (
+from chainiter.iterators.pipeline.memory import read, sinks, stacked_layout
+from chainiter.iterators.pipeline.memory.layout import Whole
+from chainiter.iterators.pipeline.memory.slots import GROWTH, SlotPool
+from chainiter.iterators.pipeline.memory.example_rows import (
     ExampleRows, as_rows, write_stacked_example)
-from chainiter.iterators.multiprocess.stacked_rows import write_stacked_chunk
+from chainiter.iterators.pipeline.memory.stacked_rows import write_stacked_chunk
 
 import helpers
 
@@ -389,7 +389,7 @@ def test_a_list_batch_chunk_is_written_as_rows_only_if_it_comes_back_alike(
     # when every value comes back from them as it was; else each example
     # goes alone (and the odd one whole).  The chunk's checks agree with
     # exact_rows.exact_columns.
-    from chainiter.iterators.multiprocess.exact_rows import exact_columns
+    from chainiter.iterators.pipeline.memory.exact_rows import exact_columns
     # The buffers are fitted to a batch of the kind without its odd one.
     first = [_list_example(kind, j, False) for j in range(BATCH)]
     pool = SlotPool(4, BATCH, True, None, None, exact=True)

@@ -6,9 +6,10 @@ import functools
 import pytest
 
 from chainiter import concat_examples
-from chainiter.iterators.multiprocess import depth, options
-from chainiter.iterators.multiprocess.grouping import Grouping
-from chainiter.iterators.multiprocess.load_meter import (
+from chainiter.iterators.pipeline.flow import depth
+from chainiter.iterators.pipeline import options
+from chainiter.iterators.pipeline.flow.grouping import Grouping
+from chainiter.iterators.pipeline.flow.load_meter import (
     ZERO, LoadMeter, Sample)
 
 

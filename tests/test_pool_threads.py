@@ -1,5 +1,5 @@
 """The pool's thread discipline (the "Threads" table of
-chainiter/iterators/multiprocess/__init__.py), seen from what a user's
+chainiter/iterators/pipeline/__init__.py), seen from what a user's
 code can run in the main process."""
 
 import threading

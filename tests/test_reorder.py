@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from chainiter.iterators.multiprocess.reorder import Reorderer
+from chainiter.iterators.pipeline.flow.reorder import Reorderer
 
 
 @pytest.mark.parametrize('seed', range(5))

@@ -1,5 +1,5 @@
 """Under spawn and forkserver the large arrays of a dataset reach the
-workers as read-only shared memory (chainiter/iterators/multiprocess/
+workers as read-only shared memory (chainiter/iterators/pipeline/
 share.py); under fork nothing changes."""
 
 import gc
@@ -11,7 +11,7 @@ import pytest
 
 import chainiter
 from chainiter import MultiprocessIterator, SerialIterator
-from chainiter.iterators.multiprocess import array_pickle, share
+from chainiter.iterators.pipeline.processes import array_pickle, share
 
 import helpers
 from helpers import fingerprint, mapped_buffers, shm_files

@@ -144,7 +144,7 @@ def test_a_resting_receiver_thread_is_woken_by_what_next_needs(
     # down to few.  Otherwise it would look at the sockets only every
     # POLL_S: with ten minutes, a wake-up lost stalls next() past the
     # test's timeout.
-    from chainiter.iterators.multiprocess import receiver
+    from chainiter.iterators.pipeline.processes import receiver
     monkeypatch.setattr(receiver, 'POLL_S', 600)
     n = 1200
     dataset = chainiter.datasets.TupleDataset(

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from chainiter.iterators.multiprocess.wire import (
+from chainiter.iterators.pipeline.processes.wire import (
     header, receive_results, send_frame)
 
 

@@ -13,7 +13,7 @@ from chainiter.backends import cuda
 
 def _shared_buffer(array):
     # Imported here: chainiter.iterators imports this module.
-    from chainiter.iterators.multiprocess.shm import SharedBuffer
+    from chainiter.iterators.pipeline.memory.shm import SharedBuffer
     return SharedBuffer.of(array)
 
 

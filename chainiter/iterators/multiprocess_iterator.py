@@ -1,4 +1,5 @@
 """Chainer's module path (``chainer.iterators.multiprocess_iterator``); the
-code lives in ``chainiter/iterators/multiprocess/``."""
+code lives in ``chainiter/iterators/pipeline/processes/``."""
 
-from chainiter.iterators.multiprocess import MultiprocessIterator  # NOQA
+from chainiter.iterators.pipeline.processes.iterator import (  # NOQA
+    MultiprocessIterator)

@@ -1,0 +1,69 @@
+"""The self-tuning depth: how many batches (or groups) are in flight.  One
+budget: the slots of the depth, plus two (the batch the user holds and
+the one being handed out), within ``prefetch_bytes``; a floor below which
+no budget goes, and the room the limit of open files leaves.  Pure."""
+
+from chainiter.iterators.pipeline.memory.room import SPARE_DESCRIPTORS
+
+
+def floor(n, cpus, batch_size, whole):
+    """The fewest batches in flight, whatever ``prefetch_bytes`` holds:
+    two per worker, or two for each of the ``n`` workers that can run at
+    once (the ``cpus``), as long as the workers share those batches'
+    chunks (``Book.open_batch``) and all of them hold one: each slot more
+    only costs its memory and the workers' first touch of it (16 workers
+    of 38 MB batches on 2 CPUs: 1.2 GB).  Not when a batch may not be
+    split (``whole``): for the converter in the workers (one batch a
+    worker), or where each chunk counts against ``maxtasksperchild``."""
+    if whole:
+        return 2 * n
+    return max(2 * min(n, cpus), -(-n // batch_size))
+
+
+def tuned(options, batch_size, slot_bytes, group, room):
+    """The depth in jobs (batches, or groups of ``group`` batches) for
+    slots of ``slot_bytes`` (a group's slot holds all its batches);
+    ``room``: the descriptors left (``room.descriptor_room``; None: no
+    limit)."""
+    n = options.n_processes
+    fits = options.prefetch_bytes * group // max(slot_bytes, 1) - 2
+    if group > 1:
+        # As many batches in flight as one by one, in groups; each worker
+        # still has two (small: fewer would be split in more chunks, each
+        # a message).
+        depth = max(2 * n, -(-min(options.max_depth, fits) // group))
+    else:
+        whole = options.in_workers or options.maxtasksperchild is not None
+        depth = max(floor(n, options.cpus, batch_size, whole),
+                    min(options.max_depth, fits))
+    if room is not None:
+        # A slot holds two descriptors here (its file's and its mapping's)
+        # and one in each worker, and slots leave a spare (slots.py): take
+        # half of the rest, for the program's needs.
+        depth = max(1, min(depth, (room - SPARE_DESCRIPTORS) // 4 - 2))
+    return depth
+
+
+def explicit(n_prefetch, group):
+    """The depth in jobs for an explicit ``n_prefetch``, which counts
+    batches: a group counts as its batches."""
+    return max(1, n_prefetch // group)
+
+
+def largest_group(options, batch_slot_bytes):
+    """The most batches a group may hold: the slots of a grouped depth
+    (two per worker, ``tuned``'s floor) and two, each of that many
+    batches of ``batch_slot_bytes``, within ``prefetch_bytes``.  With an
+    explicit ``n_prefetch``, two groups for each worker within it (a group
+    counts as its batches; with one, a worker waits for its next group
+    while the last one travels and is handed out); with
+    ``maxtasksperchild``, a group is at most that many tasks (it counts as
+    its batches)."""
+    largest = options.prefetch_bytes // (
+        (2 * options.n_processes + 2) * max(batch_slot_bytes, 1))
+    if options.n_prefetch is not None:
+        largest = min(largest,
+                      options.n_prefetch // (2 * options.n_processes))
+    if options.maxtasksperchild is not None:
+        largest = min(largest, options.maxtasksperchild)
+    return largest
