@@ -187,3 +187,47 @@ def _modules_importing(module):
                         importers.append(os.path.relpath(
                             os.path.join(folder, name), root))
     return importers
+
+
+# The rooms of the pipeline, in the order its imports run: each imports
+# only the rooms before it ('' is the iterator's side, at the top).
+_ROOMS = ['flow', 'memory', 'pool', '', 'processes', 'threads']
+
+
+def _room_of(module):
+    prefix = 'chainiter.iterators.pipeline'
+    if not module.startswith(prefix):
+        return None
+    first = module[len(prefix):].lstrip('.').split('.')[0]
+    return first if first in _ROOMS else ''
+
+
+def test_the_pipelines_imports_run_one_way():
+    import ast
+    import pathlib
+    root = pathlib.Path(chainiter.__file__).parent / 'iterators' / 'pipeline'
+    wrong = []
+    for path in sorted(root.rglob('*.py')):
+        parts = path.relative_to(root.parent.parent.parent).with_suffix('')
+        module = '.'.join(parts.parts)
+        if path.name == '__init__.py':
+            continue
+        room = _room_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [
+                    node.module + '.' + alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                other = _room_of(target)
+                if other is None or other == room:
+                    continue
+                if target == 'chainiter.iterators.pipeline':
+                    continue      # its modules are the targets that count
+                if _ROOMS.index(other) > _ROOMS.index(room) or \
+                        {room, other} == {'processes', 'threads'}:
+                    wrong.append('{} imports {}'.format(module, target))
+    assert wrong == []

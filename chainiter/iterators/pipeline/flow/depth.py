@@ -3,7 +3,9 @@ budget: the slots of the depth, plus two (the batch the user holds and
 the one being handed out), within ``prefetch_bytes``; a floor below which
 no budget goes, and the room the limit of open files leaves.  Pure."""
 
-from chainiter.iterators.pipeline.memory.room import SPARE_DESCRIPTORS
+# What a new slot must leave free of ``ulimit -n`` (a slot holds two
+# descriptors; replacing a worker takes a few): ``room.py`` checks it.
+SPARE_DESCRIPTORS = 32
 
 
 def floor(n, cpus, batch_size, whole):

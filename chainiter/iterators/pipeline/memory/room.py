@@ -6,11 +6,12 @@ keeps its depth within the descriptors left."""
 import errno
 import os
 
+from chainiter.iterators.pipeline.flow.depth import SPARE_DESCRIPTORS
 
-# What a new slot must leave free of ``ulimit -n`` (a slot holds two
-# descriptors; replacing a worker takes a few) and of ``ulimit -v`` (for
-# the batches that then come by copy, and everything else).
-SPARE_DESCRIPTORS = 32
+
+# What a new slot must leave free of ``ulimit -n`` (``depth.py``'s
+# SPARE_DESCRIPTORS) and of ``ulimit -v`` (for the batches that then come
+# by copy, and everything else).
 
 # The errors of a process (EMFILE: ``ulimit -n``) or a system (ENFILE)
 # without a descriptor to spare.
