@@ -6,9 +6,11 @@ and threads that end with ``finalize()``.  (The batches of every example
 kind: test_fuzz_batches.py and test_list_batches.py.)"""
 
 import functools
+import gc
 import os
 import pickle
 import threading
+import warnings
 
 import numpy
 import pytest
@@ -18,6 +20,7 @@ from chainiter import (
     MultiprocessIterator, MultithreadIterator, SerialIterator,
     concat_examples)
 
+import helpers
 from helpers import Failing, assert_resume_equivalent, fingerprint, take
 
 pytestmark = pytest.mark.timeout(60)
@@ -182,3 +185,43 @@ def test_threads_leave_the_global_random_generators_alone():
             SerialIterator(Draws(), 8, seed=0) as serial:
         assert take(it, 16) == take(serial, 16)
         assert numpy.random.random_sample() == expected
+
+
+def test_a_batch_a_forked_child_holds_is_never_overwritten():
+    # The threads' buffers are private memory: the child has its copy.
+    with MultithreadIterator(Tiny(), 4, n_threads=2, shuffle=False,
+                             converter=concat_examples) as it:
+        next(it)                   # the first batch comes whole
+        batch = next(it)           # a view of a buffer
+        verdict = helpers.fork_reader(batch)
+        del batch
+        gc.collect()
+        for _ in range(60):        # the buffers are reused many times over
+            next(it)
+        assert verdict()
+
+
+def test_a_forked_child_loads_on_with_threads_of_its_own():
+    with MultithreadIterator(Tiny(), 8, n_threads=2, seed=2) as it, \
+            SerialIterator(Tiny(), 8, seed=2) as serial:
+        take(it, 3)
+        take(serial, 3)
+        expected = take(serial, 5)
+        read_r, write_w = os.pipe()
+        with warnings.catch_warnings():
+            # A fork of a process with threads: the child starts its own.
+            warnings.simplefilter('ignore', DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                same = take(it, 5) == expected
+                it.finalize()
+                os.write(write_w, b'1' if same else b'0')
+            finally:
+                os._exit(0)
+        os.close(write_w)
+        got = os.read(read_r, 1)
+        os.close(read_r)
+        os.waitpid(pid, 0)
+        assert got == b'1'
+        assert take(it, 5) == expected      # the parent's threads go on
