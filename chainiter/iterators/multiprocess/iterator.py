@@ -43,7 +43,10 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
             ``converter_in_workers`` or ``maxtasksperchild``), unless the limit
             of open files (``ulimit -n``) leaves room for fewer slots (each
             takes two descriptors; it takes half of what is left).
-            ``stats['prefetch']`` tells the depth.
+            An integer is a floor: at least that many batches in flight
+            (a group's all counted), deeper where ``prefetch_bytes``
+            holds more, as with None.  ``stats['prefetch']`` tells the
+            depth.
         prefetch_bytes (int): the shared memory the self-tuning depth may
             use for its slots (the depth + 2: the batch the user holds and
             the one being handed out); default 256 MiB.
@@ -178,11 +181,10 @@ class MultiprocessIterator(IteratorStats, DatasetIterator):
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
         group = self._t.groups.size
-        if self._options.n_prefetch is None:
-            depth = _depth.tuned(self._options, self.batch_size, slot_bytes,
-                                 group, descriptor_room())
-        else:
-            depth = _depth.explicit(self._options.n_prefetch, group)
+        depth = _depth.at_least(
+            _depth.tuned(self._options, self.batch_size, slot_bytes, group,
+                         descriptor_room()),
+            self._options.n_prefetch, group)
         if depth != self._t.pool.book.n_jobs_ahead or \
                 depth * group != self._t.depth:
             # The pool counts groups, the iterator batches.
