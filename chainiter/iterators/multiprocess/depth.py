@@ -46,11 +46,22 @@ def tuned(options, batch_size, slot_bytes, group, room):
 
 def at_least(depth, n_prefetch, group):
     """The depth in jobs (batches, or groups of ``group`` batches), at
-    least an explicit ``n_prefetch`` batches in flight (a floor: a group
-    counts as its batches)."""
+    least an explicit ``n_prefetch`` batches in flight (a floor: the
+    batches loaded ahead of the user or being loaded, a group's all
+    counted).  The iterator keeps ``jobs * group`` batches dispatched
+    ahead.  In groups, two of those may not be with a worker yet: the
+    last group, up to ``group - 1`` batches while it fills (the first
+    ones then belong to the group being handed out, loaded), and the
+    group before it, a full one posted while the receiver thread rests,
+    which submits it when a later ``next()`` wakes it
+    (``Groups.work_ahead``) or at its next look (``receiver.POLL_S``):
+    so ``jobs * group - (2 * group - 1)`` batches at least are loaded or
+    loading."""
     if n_prefetch is None:
         return depth
-    return max(depth, -(-n_prefetch // group))
+    if group == 1:
+        return max(depth, n_prefetch)
+    return max(depth, -(-(n_prefetch + 2 * group - 1) // group))
 
 
 def largest_group(options, batch_slot_bytes):
