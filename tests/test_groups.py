@@ -5,6 +5,7 @@ arrays a user holds."""
 
 import functools
 import os
+import threading
 import time
 import warnings
 
@@ -616,9 +617,10 @@ ARGUMENTS = {
     ('all', True)])
 def test_every_argument_keeps_the_groups_and_the_serial_batches(
         method, arguments, padded):
-    # n_prefetch counts batches (a group as its batches), shared_mem sizes
-    # the rows, maxtasksperchild counts a group as its batches: none of
-    # them turns the groups off, and the batches stay the serial ones.
+    # n_prefetch is a floor of batches in flight (a group as its
+    # batches), shared_mem sizes the rows, maxtasksperchild counts a group
+    # as its batches: none of them turns the groups off, and the batches
+    # stay the serial ones.
     kwargs = ARGUMENTS[arguments]
     dataset = Ragged(203) if padded else _dataset('per-example')
     padding = 0 if padded else None
@@ -637,7 +639,7 @@ def test_every_argument_keeps_the_groups_and_the_serial_batches(
             got.append(fingerprint(next(it)))
             groups.append(it.stats['batches_per_task'])
             if 'n_prefetch' in kwargs:
-                assert it.stats['prefetch'] <= kwargs['n_prefetch']
+                assert it.stats['prefetch'] >= kwargs['n_prefetch']
     assert got == expected
     assert max(groups) > 1
 
@@ -701,3 +703,106 @@ def test_a_padded_group_with_an_example_too_long_for_its_rows(
                 if len(got) == 40:
                     assert it.stats['batches_per_task'] == 4
     assert got == expected
+
+
+# ---- an explicit n_prefetch is a floor --------------------------------------
+
+@pytest.mark.parametrize('grouped', [False, True],
+                         ids=['one-by-one', 'grouped'])
+def test_n_prefetch_keeps_at_least_that_many_batches_ahead(
+        method, grouped, monkeypatch, tmp_path):
+    """After the user takes batch k, batches k + 1 ... k + N are loaded
+    or loading (every example of them is loaded, without another
+    ``next()``), N = n_prefetch = 40, more than the self-tuned depth (16
+    per worker): one by one, and in groups of 4, whatever batch of its
+    group k is (the last group may still be filling)."""
+    if not grouped:
+        monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 10 ** 9)
+    n_prefetch, size = 40, 4
+    log = str(tmp_path / 'loads')
+    dataset = helpers.LoggedLoads(size * 200, log)
+    pause = threading.Event()
+
+    def loaded_through(batch):
+        # Every example of batches 0 ... batch is loaded (a deadline).
+        wanted = set(range(size * (batch + 1)))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if wanted <= set(helpers.logged_loads(log).tolist()):
+                return True
+            pause.wait(0.005)
+        return False
+
+    with MultiprocessIterator(dataset, size, n_processes=2, repeat=False,
+                              shuffle=False, n_prefetch=n_prefetch,
+                              converter=concat_examples,
+                              start_method=method) as it:
+        # One by one, 14 batches; in groups, until the group size is
+        # chosen (the first measure comes once batches arrive after the
+        # first: a few dozen batches), then until the batches dispatched
+        # since fill the depth, and 8 more: every batch of a group is k.
+        k, last, chosen = 0, 14, None
+        while k < last:
+            got = next(it)
+            assert got.tolist() == list(range(size * k, size * (k + 1)))
+            assert loaded_through(k + n_prefetch), \
+                (k, it.stats['prefetch'], it.stats['batches_per_task'])
+            assert it.stats['prefetch'] >= n_prefetch
+            if grouped and chosen is None:
+                if it.stats['batches_per_task'] > 1:
+                    chosen = k
+                    last = k + 2 * it.stats['prefetch'] + 8
+                else:
+                    last = k + 2
+            k += 1
+        assert it.stats['batches_per_task'] == (4 if grouped else 1)
+        assert last < 200 - n_prefetch
+
+
+# The arguments of issue 46's table, on its two workloads (smaller here):
+# tiny (float32[16] copy, int label) and variable (one int32 array of
+# sequences of length 10..2000, a slice copied, int label; padded).
+TABLE = {
+    'defaults': {},
+    'n_prefetch=4': {'n_prefetch': 4},
+    'shared_mem=8000': {'shared_mem': 8000},
+    'maxtasksperchild=1000': {'maxtasksperchild': 1000},
+    'list': {'converter': None},
+}
+
+
+@pytest.mark.parametrize('arguments', sorted(TABLE))
+@pytest.mark.parametrize('workload', ['tiny', 'variable'])
+def test_the_table_arguments_give_the_serial_batches_in_groups(
+        method, workload, arguments):
+    from chainiter.bench import workloads
+    if workload == 'tiny':
+        dataset, size = workloads.TinyCopy(1500), 32
+        converter = concat_examples
+    else:
+        dataset, size = workloads.VariablePacked(300), 16
+        converter = functools.partial(concat_examples, padding=0)
+    kwargs = dict(TABLE[arguments])
+    listed = 'converter' in kwargs
+    kwargs.setdefault('converter', converter)
+    with MultiprocessIterator(dataset, size, n_processes=2, seed=3,
+                              start_method=method, **kwargs) as it, \
+            SerialIterator(dataset, size, seed=3) as ref, \
+            warnings.catch_warnings():
+        if workload == 'variable' and 'shared_mem' not in kwargs:
+            # The first batch sizes the buffers; longer examples come.
+            warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
+        groups = []
+        for step in range(60):
+            got, expected = next(it), next(ref)
+            if listed:
+                # The list of examples, as Chainer's StandardUpdater
+                # takes it, then converted in the loop.
+                assert isinstance(got, list) and len(got) == len(expected)
+                assert fingerprint(got) == fingerprint(expected), step
+                got = converter(got)
+            assert fingerprint(got) == fingerprint(converter(expected)), \
+                step
+            groups.append(it.stats['batches_per_task'])
+            assert it.stats['prefetch'] >= kwargs.get('n_prefetch', 1)
+    assert max(groups) > 1, groups      # no argument turns them off

@@ -204,7 +204,9 @@ def test_batches_of_changing_shapes_are_written_by_the_workers(method,
     options, largest = CHANGES[change]
     dataset = helpers.Bucketed(4 * 40, 4, width=64, **options)
     before = helpers.shm_mapped_bytes()
-    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=2,
+    # A budget that holds no more than the fewest batches in flight (2
+    # per worker, or per CPU): a shallow depth, and no groups.
+    with MultiprocessIterator(dataset, 4, n_processes=2, prefetch_bytes=1,
                               shuffle=False, converter=concat_examples,
                               start_method=method) as it, \
             SerialIterator(dataset, 4, shuffle=False) as ref, \
@@ -213,19 +215,23 @@ def test_batches_of_changing_shapes_are_written_by_the_workers(method,
         for step in range(40):
             got = next(it)
             assert_same_arrays(got, concat_examples(next(ref)))
-            if step == 11:
+            if step == 0:
+                depth = it.stats['prefetch']
+                assert depth <= 4
+            elif step == 9 + depth:
                 copies = it.stats['by_copy']
-            elif step > 11:
+            elif step > 9 + depth:
                 # Every shape seen: the workers write every batch.
                 assert all(views_shared_memory(a) for a in got), step
         # The first batch, and those that found the buffers too small
-        # (the buffers grow twice at most, with 2 batches in flight).
-        assert it.stats['by_copy'] == copies <= 1 + 2 * 4
+        # (the buffers grow twice at most, with depth batches in flight).
+        assert it.stats['by_copy'] == copies <= 1 + 2 * (depth + 2)
+        assert it.stats['prefetch'] == depth
         mapped = helpers.shm_mapped_bytes() - before
     assert len(record) == 1, [str(w.message) for w in record]
-    # The buffers of the smaller layouts are gone: n_prefetch + 2 slots
-    # of at most GROWTH times the largest batch (and a page each).
-    assert mapped <= 4 * (4 * largest * 1.25 + 8192), mapped
+    # The buffers of the smaller layouts are gone: depth + 2 slots of at
+    # most GROWTH times the largest batch (and a page each).
+    assert mapped <= (depth + 2) * (4 * largest * 1.25 + 8192), mapped
 
 
 def test_bucketed_batches_resume_exactly_and_shared_mem_avoids_copies(
@@ -988,16 +994,20 @@ def test_slots_are_reused_once_the_user_lets_go(method, converter):
             return [example[0] for example in batch]
         return list(batch)
 
+    # The slots: as many as the deepest the iterator may tune to, + 2.
+    slots = MultiprocessIterator.MAX_PREFETCH_PER_WORKER * 2 + 2
     with MultiprocessIterator(Examples(40, 'tuple'), 4, n_processes=2,
-                              n_prefetch=1, converter=converter,
+                              converter=converter,
                               start_method=method) as it:
         next(it)                       # measures the sizes
-        held = [next(it) for _ in range(8)]   # more than the 3 slots
+        depth = it.stats['prefetch']
+        held = [next(it) for _ in range(slots + 6)]   # more than the slots
         assert not all(views_shared_memory(a)
                        for b in held for a in arrays(b)), \
             'with every slot held, batches must come by copy'
         del held
-        next(it)          # was dispatched (by copy) while slots were held
+        for _ in range(depth):
+            next(it)      # were dispatched (by copy) while slots were held
         for _ in range(6):
             batch = next(it)
             assert all(views_shared_memory(a) for a in arrays(batch))
@@ -1096,9 +1106,19 @@ def test_more_workers_than_cpus_share_fewer_big_batches(method, two_cpus):
                                     maxtasksperchild=100) == 2 * n
 
 
-def test_explicit_n_prefetch_keeps_its_meaning(method):
-    assert _depth_after_first_batch(Examples(40, 'tuple'), 4, 2, method,
-                                    n_prefetch=3) == 3
+def test_explicit_n_prefetch_is_a_floor(method):
+    """An explicit n_prefetch is the fewest batches in flight: below the
+    self-tuned depth it changes nothing (small batches: 16 per worker);
+    above it, the depth is n_prefetch, past what ``prefetch_bytes``
+    holds and past 16 per worker too."""
+    small = Examples(40, 'tuple')
+    assert _depth_after_first_batch(small, 4, 2, method, n_prefetch=3) == \
+        _depth_after_first_batch(small, 4, 2, method) == 32
+    assert _depth_after_first_batch(small, 4, 2, method, n_prefetch=40) == 40
+    # Big batches: 2 per worker (or CPU) fit the budget; the floor is 6.
+    assert _depth_after_first_batch(Megabyte(), 4, 2, method,
+                                    prefetch_bytes=8 * 2 ** 20,
+                                    n_prefetch=6) == 6
 
 
 def test_prefetch_bytes_is_checked():
@@ -1110,17 +1130,18 @@ def test_stats_count_batches_that_came_by_copy(method):
     """Held batches keep their slots: with all of them held, later batches
     come through the socket (slower), and the statistics say so."""
     dataset = Examples(64, 'tuple')
-    with MultiprocessIterator(dataset, 4, n_processes=1, n_prefetch=1,
-                              seed=0, converter=concat_examples,
+    # The slots: as many as the deepest the iterator may tune to, + 2.
+    slots = MultiprocessIterator.MAX_PREFETCH_PER_WORKER + 2
+    with MultiprocessIterator(dataset, 4, n_processes=1, seed=0,
+                              converter=concat_examples,
                               start_method=method) as it:
-        held = [next(it) for _ in range(8)]
+        held = [next(it) for _ in range(slots + 6)]
         stats = it.stats
-    assert stats['batches'] == 8
+    assert stats['batches'] == len(held) == slots + 6
     # The first batch sizes the buffers and the one after it was already
-    # on its way: both by copy; with every batch held, the slots (n_prefetch
-    # + 2 = 3) are used up and the rest come by copy too.
-    assert stats['by_copy'] >= 8 - 3
-    assert len(held) == 8
+    # on its way: both by copy; with every batch held, the slots are used
+    # up and the rest come by copy too.
+    assert stats['by_copy'] >= len(held) - slots
 
 
 # ---- the PyTorch-style loop ------------------------------------------------
@@ -1167,7 +1188,10 @@ def test_stats_of_an_input_bound_loop(method):
         verdict = chainiter.diagnose(it)
     assert set(stats) == MP_STAT_KEYS
     assert (stats['batches'], stats['examples']) == (8, 16)
-    assert stats['timed_batches'] == 7 and stats['prefetch'] == 1
+    # The depth used: n_prefetch=1 is a floor, below the self-tuned depth
+    # of small batches (16 per worker).
+    assert stats['timed_batches'] == 7 and stats['prefetch'] == \
+        MultiprocessIterator.MAX_PREFETCH_PER_WORKER
     assert 0 < stats['worker_busy'] <= 1
     assert stats['workers_active'] == 1
     assert stats['wait_fraction'] > 0.5

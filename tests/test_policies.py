@@ -100,8 +100,14 @@ def test_options_read_what_follows_from_the_arguments():
     o = _options(converter=functools.partial(concat_examples, padding=0))
     assert (o.stacked, o.padding) == (True, 0)
     o = _options(converter=list, converter_in_workers=True, n_prefetch=2)
+    # n_prefetch is a floor: the depth may still tune itself to 16 per
+    # worker; a converter in the workers starts with one batch for each.
     assert (o.in_workers, o.may_group, o.first_depth, o.max_depth) == \
-        (True, False, 4, 4)
+        (True, False, 4, 64)
+    # A floor above 16 per worker: the slots for it, and it from the first
+    # batch on.
+    o = _options(n_prefetch=100)
+    assert (o.first_depth, o.max_depth) == (100, 100)
     with pytest.raises(ValueError, match='n_processes'):
         _options(n_processes=0)
     with pytest.raises(AttributeError):
@@ -120,16 +126,30 @@ def test_the_depth_budget():
     assert depth.largest_group(o, 2 ** 20) == 256 // 10
 
 
-def test_an_explicit_depth_leaves_each_worker_two_groups():
-    # n_prefetch counts batches; a group counts as its batches, and each
-    # of the 2 workers has two groups in flight: with one, it waits for
-    # its next group while the last one travels.
-    assert depth.largest_group(
-        _options(n_processes=2, n_prefetch=8), 1000) == 2
-    assert depth.largest_group(
-        _options(n_processes=2, n_prefetch=4), 1000) == 1
-    assert depth.explicit(8, 2) == 4
-    # maxtasksperchild caps a group too: it counts as its batches.
+def test_an_explicit_n_prefetch_is_a_floor_that_never_limits_the_groups():
+    # The groups are as large with n_prefetch as without it (it once
+    # capped them at n_prefetch // (2 * n_processes): none with
+    # n_prefetch=4 and 2 workers).
+    for n_prefetch in (1, 4, 8, 1000):
+        assert depth.largest_group(
+            _options(n_processes=2, n_prefetch=n_prefetch), 1000) == \
+            depth.largest_group(_options(n_processes=2), 1000) > 32
+    # The depth in jobs: the tuned one, unless the floor asks for more.
+    assert depth.at_least(12, None, 4) == 12
+    assert depth.at_least(12, 3, 1) == 12
+    assert depth.at_least(2, 3, 1) == 3
+    # In groups, the last group may still be filling (up to group - 1
+    # batches no worker has) and the one before it posted, not submitted
+    # yet: enough jobs that n_prefetch batches are loaded or loading all
+    # the same.
+    for n_prefetch in range(1, 70):
+        for group in range(2, 9):
+            jobs = depth.at_least(1, n_prefetch, group)
+            assert jobs * group - (2 * group - 1) >= n_prefetch
+            assert jobs == 1 or \
+                (jobs - 1) * group - (2 * group - 1) < n_prefetch
+    assert depth.at_least(4, 64, 4) == 18
+    # maxtasksperchild caps a group: it counts as its batches.
     assert depth.largest_group(
         _options(n_processes=2, n_prefetch=64, maxtasksperchild=3),
         1000) == 3

@@ -559,17 +559,20 @@ def test_workers_started_later_see_the_dataset_as_the_first_did(method):
     # Replacements (maxtasksperchild=1: every batch a new worker) started
     # after the main process changed the dataset see it as the first
     # workers did: attributes, small arrays and large ones alike.
+    # A budget that holds no more than the fewest batches in flight (2
+    # per worker): few batches in flight at the write.
     dataset = helpers.LaterWrites()
-    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=2,
+    with MultiprocessIterator(dataset, 4, n_processes=2, prefetch_bytes=1,
                               maxtasksperchild=1, shuffle=False,
                               start_method=method) as it:
         before = [e for _ in range(2) for e in next(it)]
         dataset.write()
         alive = helpers.worker_pids()
-        after = [e for _ in range(12) for e in next(it)]
+        after = [e for _ in range(16) for e in next(it)]
         depth = it.stats['prefetch']
+    assert depth == 4
     assert {e[2] for e in before + after} == {BEFORE}
-    assert [e[0] for e in after] == [(8 + j) % 16 for j in range(48)]
+    assert [e[0] for e in after] == [(8 + j) % 16 for j in range(64)]
     # A worker neither alive at the write nor seen before it loaded one of
     # the batches in flight then (at most ``depth``: one task each), or
     # started after the write.

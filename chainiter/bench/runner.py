@@ -21,7 +21,8 @@ Loaders:
     torch:K          DataLoader with prefetch_factor=K (as deep)
     torch            torch.utils.data.DataLoader, persistent workers,
                      default collate (the workload's padding collate for
-                     'variable' and 'variable-labelled');
+                     'variable', 'variable-labelled' and
+                     'variable-packed');
                      on 'tiny-batched' its batched path: batch_size=None,
                      a BatchSampler as the sampler, and a dataset that
                      takes the list of indices (one fancy index per array)

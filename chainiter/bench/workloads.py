@@ -132,6 +132,30 @@ class VariableLabelled:
         return self.data[:self.lengths[i]].copy(), int(i) % 10
 
 
+class VariablePacked:
+    """(int32 sequence of length 10..2000, Python int label): ``n``
+    sequences (4096) of random lengths and values, packed back to back in
+    one int32 array; example i is a copy of sequence i's slice of it,
+    padded with 0 when batched.  Unlike ``variable-labelled`` (every
+    example a prefix of one 2000-element array, which stays in the
+    cache), the examples come from many places in memory (16 MB), as
+    users' datasets do."""
+
+    def __init__(self, n=4096):
+        rng = numpy.random.default_rng(0)
+        lengths = rng.integers(10, 2001, n)
+        self.offsets = numpy.concatenate(([0], numpy.cumsum(lengths)))
+        self.data = rng.integers(1, 2 ** 31 - 1, int(self.offsets[-1]),
+                                 dtype=numpy.int32)
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        return (self.data[self.offsets[i]:self.offsets[i + 1]].copy(),
+                int(i) % 10)
+
+
 class Bucketed:
     """(float32 array of shape (L, 64), int label): bucketed sequences.
     Each run of ``block`` consecutive examples has one length L, of 16, 32,
@@ -236,6 +260,13 @@ WORKLOADS = {
         torch_collate=_pad_label_collate,
         description='int32 length 10..2000 slice copy + Python int label, '
                     'padded, batch 64'),
+    'variable-packed': Workload(
+        'variable-packed', VariablePacked, 64,
+        converter=functools.partial(concat_examples, padding=0),
+        torch_collate=_pad_label_collate,
+        description='4096 int32 sequences of length 10..2000 packed in one '
+                    'array, a slice copy + Python int label, padded, '
+                    'batch 64'),
     'bucketed': Workload(
         'bucketed', Bucketed, 64,
         order=lambda dataset, batch_size: BlockOrder(len(dataset),

@@ -166,8 +166,12 @@ class Groups:
         group.steps.append(step)
         if len(group.steps) == self.size:
             # The receiver thread is woken for it by a later next()
-            # (work_ahead), or when it wakes anyway.
-            self.send(pool, group, wake=False)
+            # (work_ahead), or when it wakes anyway; at once if a group
+            # posted before still waits for it (no work_ahead came in
+            # between: batches sent one by one before the groups began
+            # were handed out, or the depth grew by two groups), so that
+            # one group at most waits (``depth.at_least`` counts on it).
+            self.send(pool, group, wake=bool(pool.posted))
         return member
 
     def send(self, pool, group, wake=True):

@@ -71,12 +71,11 @@ class Pipeline(IteratorStats, DatasetIterator):
     def _tune_depth(self, slot_bytes):
         """The self-tuning depth, from the size of a batch's slot."""
         group = self._t.groups.size
-        if self._options.n_prefetch is None:
-            depth = _depth.tuned(self._options, self.batch_size, slot_bytes,
-                                 group, None if self._t.pool.slots.private
-                                 else descriptor_room())
-        else:
-            depth = _depth.explicit(self._options.n_prefetch, group)
+        depth = _depth.at_least(
+            _depth.tuned(self._options, self.batch_size, slot_bytes, group,
+                         None if self._t.pool.slots.private
+                         else descriptor_room()),
+            self._options.n_prefetch, group)
         if depth != self._t.pool.book.n_jobs_ahead or \
                 depth * group != self._t.depth:
             # The pool counts groups, the iterator batches.

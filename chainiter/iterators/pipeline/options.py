@@ -88,7 +88,9 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
     stacked = stacked or listed
     # concat_examples stacks in the workers already, with no copy.
     in_workers = converter_in_workers and not stacked
-    max_depth = n_prefetch or max_prefetch_per_worker * n_processes
+    # An explicit n_prefetch is a floor: the depth tunes itself above it,
+    # within the same budget as without it.
+    max_depth = max(n_prefetch or 0, max_prefetch_per_worker * n_processes)
     # Until the first batch is measured, 1: that batch is then split
     # among the workers and arrives soonest.
     first_depth = n_prefetch or 1

@@ -46,26 +46,35 @@ def tuned(options, batch_size, slot_bytes, group, room):
     return depth
 
 
-def explicit(n_prefetch, group):
-    """The depth in jobs for an explicit ``n_prefetch``, which counts
-    batches: a group counts as its batches."""
-    return max(1, n_prefetch // group)
+def at_least(depth, n_prefetch, group):
+    """The depth in jobs (batches, or groups of ``group`` batches), at
+    least an explicit ``n_prefetch`` batches in flight (a floor: the
+    batches loaded ahead of the user or being loaded, a group's all
+    counted).  The iterator keeps ``jobs * group`` batches dispatched
+    ahead.  In groups, two of those may not be with a worker yet: the
+    last group, up to ``group - 1`` batches while it fills (the first
+    ones then belong to the group being handed out, loaded), and the
+    group before it, a full one posted while the receiver thread rests,
+    which submits it when a later ``next()`` wakes it
+    (``Groups.work_ahead``) or at its next look (``receiver.POLL_S``):
+    so ``jobs * group - (2 * group - 1)`` batches at least are loaded or
+    loading."""
+    if n_prefetch is None:
+        return depth
+    if group == 1:
+        return max(depth, n_prefetch)
+    return max(depth, -(-(n_prefetch + 2 * group - 1) // group))
 
 
 def largest_group(options, batch_slot_bytes):
     """The most batches a group may hold: the slots of a grouped depth
     (two per worker, ``tuned``'s floor) and two, each of that many
-    batches of ``batch_slot_bytes``, within ``prefetch_bytes``.  With an
-    explicit ``n_prefetch``, two groups for each worker within it (a group
-    counts as its batches; with one, a worker waits for its next group
-    while the last one travels and is handed out); with
-    ``maxtasksperchild``, a group is at most that many tasks (it counts as
-    its batches)."""
+    batches of ``batch_slot_bytes``, within ``prefetch_bytes`` (an
+    explicit ``n_prefetch`` is a floor of batches in flight: it never
+    limits the groups); with ``maxtasksperchild``, a group is at most
+    that many tasks (it counts as its batches)."""
     largest = options.prefetch_bytes // (
         (2 * options.n_processes + 2) * max(batch_slot_bytes, 1))
-    if options.n_prefetch is not None:
-        largest = min(largest,
-                      options.n_prefetch // (2 * options.n_processes))
     if options.maxtasksperchild is not None:
         largest = min(largest, options.maxtasksperchild)
     return largest

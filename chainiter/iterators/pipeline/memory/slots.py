@@ -3,7 +3,8 @@
 Each batch (or group of batches loaded as one) in flight owns a slot (a
 ``SharedBuffer`` of its own, allocated when a batch first needs one).
 There are ``n_slots``: the deepest pipeline the iterator may tune to
-(``n_prefetch``, else ``MAX_PREFETCH_PER_WORKER`` per worker), plus the
+(``MAX_PREFETCH_PER_WORKER`` per worker, or an explicit ``n_prefetch``
+if more: it is a floor), plus the
 batch the user holds and one being handed out.  Its pages are
 reserved by the workers, not here: each worker that receives a slot
 reserves it (``posix_fallocate``) before it maps it, and uses it only

@@ -29,7 +29,10 @@ class MultiprocessIterator(Pipeline):
             ``converter_in_workers`` or ``maxtasksperchild``), unless the limit
             of open files (``ulimit -n``) leaves room for fewer slots (each
             takes two descriptors; it takes half of what is left).
-            ``stats['prefetch']`` tells the depth.
+            An integer is a floor: at least that many batches in flight
+            (a group's all counted), deeper where ``prefetch_bytes``
+            holds more, as with None.  ``stats['prefetch']`` tells the
+            depth.
         prefetch_bytes (int): the shared memory the self-tuning depth may
             use for its slots (the depth + 2: the batch the user holds and
             the one being handed out); default 256 MiB.
