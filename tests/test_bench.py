@@ -22,6 +22,12 @@ def test_bench_smoke_prints_the_table():
                          'variable-packed', 'bucketed'}
     loaders = {row.split('|')[3].strip() for row in rows}
     assert loaders == {'chainiter', 'chainiter-list', 'serial'}
+    # Every loader row gives the main process's CPU per batch.
+    header = [cell.strip() for cell in out.stdout.splitlines()[0].split(
+        '|')[1:-1]]
+    column = header.index('main CPU us/batch')
+    for row in rows:
+        assert float(row.split('|')[1:-1][column]) > 0, row
 
 
 def test_bench_user_dataset():
@@ -479,3 +485,132 @@ def test_thread_loaders_run_multithread_iterators(name):
         assert type(it) is MultithreadIterator and it.n_threads == 2
     finally:
         close()
+
+def test_variable_packed_is_the_issues_variable_workload():
+    import pickle
+
+    import numpy
+
+    from chainiter.bench import workloads
+    packed = workloads.VariablePacked()
+    assert len(packed) == 4096
+    assert packed.data.dtype == numpy.int32 and packed.data.ndim == 1
+    lengths = numpy.diff(packed.offsets)
+    assert lengths.min() >= 10 and lengths.max() <= 2000
+    assert len(set(lengths.tolist())) > 1000
+    for i in (0, 1, 2047, 4095):
+        x, label = packed[numpy.int64(i)]
+        assert x.dtype == numpy.int32 and len(x) == lengths[i]
+        assert type(label) is int and label == i % 10
+        assert not numpy.shares_memory(x, packed.data)    # a copy
+        assert (x == packed.data[packed.offsets[i]:][:len(x)]).all()
+        assert (x != 0).all()      # 0 is the padding
+    small = workloads.VariablePacked(50)
+    assert len(pickle.loads(pickle.dumps(small))) == 50
+    workload = workloads.get('variable-packed')
+    assert workload.batch_size == 64
+    batch = [packed[i] for i in (3, 7, 11)]
+    x, labels = workload.converter(batch)
+    assert x.shape == (3, max(len(e[0]) for e in batch))
+    assert labels.tolist() == [3, 7, 1]
+    for row, (example, _) in zip(x, batch):
+        assert (row[:len(example)] == example).all()
+        assert (row[len(example):] == 0).all()
+
+
+@pytest.mark.parametrize('loader', ['chainiter', 'chainiter-list',
+                                    'serial'])
+def test_a_run_records_the_main_processes_cpu_per_batch(loader):
+    from chainiter.bench import runner
+    record = runner.measure(loader, 'tiny-copy', 0 if loader == 'serial'
+                            else 1, 0.2, 0.0, 16)
+    main = record['main_cpu_us_per_batch']
+    thread = record['main_thread_cpu_us_per_batch']
+    others = record['other_threads_cpu_us_per_batch']
+    assert main == pytest.approx(thread + others)
+    assert thread > 0 and main > 0
+    if loader == 'serial':
+        # No thread but the main one and the memory sampler, which is
+        # not counted: the others' share is the clocks' rounding.
+        assert abs(others) < 0.05 * thread + 5, record
+    else:
+        assert others > 0, record     # the receiver thread's
+
+
+def test_main_cpu_counts_the_loaders_threads_not_the_samplers():
+    import threading
+
+    from chainiter.bench import runner
+
+    def spin(stop):
+        while not stop.is_set():
+            sum(range(1000))
+    stop_sampler, stop_loader = threading.Event(), threading.Event()
+    sampler = threading.Thread(target=spin, args=(stop_sampler,))
+    loader = threading.Thread(target=spin, args=(stop_loader,))
+    sampler.start()
+    loader.start()
+    try:
+        cpu = runner.MainCpu(sampler)
+        cpu.start()
+        loader_start = runner.thread_cpu_s(loader)
+        threading.Event().wait(0.3)      # the threads spin meanwhile
+        loader_cpu = runner.thread_cpu_s(loader) - loader_start
+        in_next, others = cpu.stop()
+    finally:
+        stop_sampler.set()
+        stop_loader.set()
+        sampler.join()
+        loader.join()
+    assert in_next == 0.0
+    assert loader_cpu > 0.01
+    # The loader's thread, and nothing of the sampler's (both spun about
+    # as much): what the main thread did between the reads aside.
+    assert others == pytest.approx(loader_cpu, rel=0.2, abs=0.01)
+
+
+def test_the_table_and_json_give_the_main_processes_cpu_per_batch(
+        tmp_path):
+    import json
+
+    from chainiter.bench.__main__ import format_table, json_rows
+
+    def cpu_run(rate, us):
+        return dict(run(rate)[0], main_cpu_us_per_batch=us,
+                    main_thread_cpu_us_per_batch=us - 1.0,
+                    other_threads_cpu_us_per_batch=1.0)
+    results = {('tiny', 2, 'chainiter'): [cpu_run(900.0, 20.0),
+                                          cpu_run(1000.0, 30.0),
+                                          cpu_run(1100.0, 25.0)],
+               ('tiny', 2, 'torch'): [cpu_run(100.0, 60.5)],
+               ('tiny', 2, 'serial'): run(400.0)}      # none recorded
+    loaders = ['chainiter', 'serial', 'torch']
+    table = format_table(results, ['tiny'], [2], loaders, 1e9)
+    lines = [[cell.strip() for cell in line.split('|')[1:-1]]
+             for line in table.splitlines()]
+    rows = {row[2]: dict(zip(lines[0], row)) for row in lines[2:]}
+    assert rows['chainiter']['main CPU us/batch'] == '25.0'     # median
+    assert rows['torch']['main CPU us/batch'] == '60.5'
+    assert rows['serial']['main CPU us/batch'] == '-'
+    rows = {row['loader']: row for row in json.loads(json.dumps(
+        json_rows(results)))}
+    assert rows['chainiter']['main_cpu_us_per_batch'] == 25.0
+    assert rows['chainiter']['main_thread_cpu_us_per_batch'] == 24.0
+    assert rows['chainiter']['examples_per_s'] == 1000.0
+    assert rows['chainiter']['spread'] == pytest.approx(0.2)
+    assert len(rows['chainiter']['runs']) == 3
+    assert rows['serial']['main_cpu_us_per_batch'] is None
+
+
+def test_bench_json_writes_every_row(tmp_path):
+    import json
+    path = tmp_path / 'rows.json'
+    out = run_bench('--smoke', '--workloads', 'tiny-copy', '--loaders',
+                    'chainiter,serial', '--json', str(path), timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(path.read_text())
+    assert {row['loader'] for row in rows} == {'chainiter', 'serial'}
+    for row in rows:
+        assert row['workload'] == 'tiny-copy'
+        assert row['main_cpu_us_per_batch'] > 0
+        assert len(row['runs']) == 1

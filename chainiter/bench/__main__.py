@@ -7,6 +7,13 @@ Every measurement runs in a fresh process; loaders interleave and every
 measurement repeats (the table shows medians, and the spread of each row's
 repeats), because machines are noisy; repeats that disagree by more than
 ``SPREAD_LIMIT`` end the run with a warning naming their rows.
+
+``main CPU us/batch`` is the main process's CPU per batch that the loader
+spends: its main thread inside ``next()`` and every other thread of the
+process (chainiter's receiver thread, DataLoader's pin-memory thread),
+from the threads' own CPU clocks (``runner.MainCpu``); on a machine of
+many cores the main process is what saturates first.  ``--json PATH``
+writes every row and each of its runs.
 """
 
 import argparse
@@ -136,6 +143,9 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=float, default=1.0,
                         help='seconds of warm-up per run (default: '
                              '%(default)s)')
+    parser.add_argument('--json', default=None, metavar='PATH',
+                        help='also write the rows (medians, spread) and '
+                             'each of their runs as JSON to PATH')
     parser.add_argument('--smoke', action='store_true',
                         help='a quick check that everything runs (tiny '
                              'durations, one repeat); its figures mean '
@@ -231,12 +241,37 @@ def main(argv=None):
                                       rep + 1, r['examples_per_s']),
                   file=sys.stderr, flush=True)
     print(format_table(results, names, worker_counts, loaders, bandwidth))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(json_rows(results), f, indent=1)
     for (w, loader), reason in skipped.items():
         print('{} did not run {}: {}'.format(loader, w, reason))
     # With the table, so that a saved table carries it.
     warning = spread_warning(results)
     if warning:
         print(warning)
+
+
+#: The figures of a run that a row gives as medians.
+MEDIANS = ('examples_per_s', 'first_batch_s', 'peak_pss_bytes',
+           'main_cpu_us_per_batch', 'main_thread_cpu_us_per_batch',
+           'other_threads_cpu_us_per_batch')
+
+
+def json_rows(results):
+    """``--json``'s list: a row for each (workload, workers, loader) of
+    ``results``, the medians of its runs' figures, the spread of their
+    examples/s, and the runs."""
+    rows = []
+    for (workload, workers, loader), runs in results.items():
+        row = {'workload': workload, 'workers': workers, 'loader': loader}
+        for key in MEDIANS:
+            values = [r[key] for r in runs if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row['spread'] = spread([r['examples_per_s'] for r in runs])
+        row['runs'] = runs
+        rows.append(row)
+    return rows
 
 
 def spread(rates):
@@ -273,7 +308,7 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
     header = (('workload', 'workers', 'loader', 'examples/s') +
               tuple('vs ' + p for p in peers) +
               ('vs serial', '% memcpy', 'first batch s', 'peak PSS MiB',
-               'spread'))
+               'main CPU us/batch', 'spread'))
     lines.append('| ' + ' | '.join(header) + ' |')
     lines.append('|' + '|'.join('---' for _ in header) + '|')
     for workload in names:
@@ -284,10 +319,11 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                     results.get((workload, worker_counts[0], loader))
 
             def median(loader, key):
-                rows = runs(loader)
-                if not rows:
+                values = [r[key] for r in runs(loader) or ()
+                          if r.get(key) is not None]
+                if not values:
                     return None
-                return statistics.median(r[key] for r in rows)
+                return statistics.median(values)
             serial_rate = median('serial', 'examples_per_s')
             for loader in loaders:
                 if loader == 'serial' and workers != worker_counts[0]:
@@ -316,10 +352,15 @@ def format_table(results, names, worker_counts, loaders, bandwidth):
                     '{:.2f}'.format(median(loader, 'first_batch_s')),
                     '{:.0f}'.format(median(loader, 'peak_pss_bytes')
                                     / 2 ** 20),
+                    _us(median(loader, 'main_cpu_us_per_batch')),
                     '-' if len(runs(loader)) == 1 else '{:.0f}%'.format(
                         100 * spread([r['examples_per_s']
                                       for r in runs(loader)]))]) + ' |')
     return '\n'.join(lines)
+
+
+def _us(value):
+    return '-' if value is None else '{:.1f}'.format(value)
 
 
 if __name__ == '__main__':
