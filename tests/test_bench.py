@@ -519,7 +519,7 @@ def test_variable_packed_is_the_issues_variable_workload():
 
 
 @pytest.mark.parametrize('loader', ['chainiter', 'chainiter-list',
-                                    'serial'])
+                                    'serial', 'threads'])
 def test_a_run_records_the_main_processes_cpu_per_batch(loader):
     from chainiter.bench import runner
     record = runner.measure(loader, 'tiny-copy', 0 if loader == 'serial'
@@ -533,8 +533,14 @@ def test_a_run_records_the_main_processes_cpu_per_batch(loader):
         # No thread but the main one and the memory sampler, which is
         # not counted: the others' share is the clocks' rounding.
         assert abs(others) < 0.05 * thread + 5, record
+    elif loader == 'threads':
+        # The worker threads' CPU is theirs, counted apart: what is left
+        # of the others is the clocks' rounding.
+        assert record['worker_threads_cpu_us_per_batch'] > thread, record
+        assert abs(others) < 0.05 * main + 5, record
     else:
         assert others > 0, record     # the receiver thread's
+        assert record['worker_threads_cpu_us_per_batch'] == 0, record
 
 
 def test_main_cpu_counts_the_loaders_threads_not_the_samplers():

@@ -396,6 +396,10 @@ def _grain(workload, workers, factor):
     return (lambda: next(state['it'])), lambda: state.pop('it', None)
 
 
+#: The name MultithreadIterator's worker threads begin with.
+WORKER_THREAD = 'chainiter-worker-'
+
+
 def thread_cpu_s(thread):
     """The CPU seconds ``thread`` (alive) has run, from its own clock."""
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
@@ -416,24 +420,34 @@ class MainCpu:
     thread's clock and the sampler's (``pthread_getcpuclockid``): each
     clock exact to the nanosecond, and no thread's time guessed from
     another's.  Naming each loader's threads instead would miss the
-    threads a library starts that Python does not see."""
+    threads a library starts that Python does not see.  The one exception:
+    a threads loader's worker threads (``WORKER_THREAD``) are its
+    workers, not the main process's overhead; their CPU is counted apart
+    (``worker_threads_cpu_us_per_batch``)."""
 
     def __init__(self, pss_thread):
         self._pss_thread = pss_thread
         self.in_next = 0.0      # the main thread, inside next_batch()
+        # MultithreadIterator's worker threads (the threads loaders) do
+        # the workers' work, in this process: counted apart (``workers``).
+        self._workers = []
 
     def start(self):
+        self._workers = [t for t in threading.enumerate()
+                         if t.name.startswith(WORKER_THREAD)]
         self._marks = self._read()
 
     def stop(self):
-        """``(main thread in next_batch, other threads)``, in seconds."""
-        process, main, pss = (b - a for a, b in zip(self._marks,
-                                                    self._read()))
-        return self.in_next, process - main - pss
+        """``(main thread in next_batch, other threads, worker threads)``,
+        in seconds."""
+        process, main, pss, workers = (
+            b - a for a, b in zip(self._marks, self._read()))
+        return self.in_next, process - main - pss - workers, workers
 
     def _read(self):
         return (time.process_time(), time.thread_time(),
-                thread_cpu_s(self._pss_thread))
+                thread_cpu_s(self._pss_thread),
+                sum(thread_cpu_s(t) for t in self._workers))
 
 
 def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
@@ -463,7 +477,7 @@ def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
         elapsed = time.perf_counter() - t0
         if elapsed >= seconds and n >= 3:
             break
-    in_next, others = cpu.stop()
+    in_next, others, workers_s = cpu.stop()
     rate = n * workload.batch_size / elapsed
     peak = pss.stop()
     close()
@@ -472,7 +486,8 @@ def measure(loader, workload_name, workers, seconds, warmup_s=1.0,
             'peak_pss_bytes': peak, 'batches': n,
             'main_cpu_us_per_batch': (in_next + others) * 1e6 / n,
             'main_thread_cpu_us_per_batch': in_next * 1e6 / n,
-            'other_threads_cpu_us_per_batch': others * 1e6 / n}
+            'other_threads_cpu_us_per_batch': others * 1e6 / n,
+            'worker_threads_cpu_us_per_batch': workers_s * 1e6 / n}
 
 
 def main(argv=None):
