@@ -13,7 +13,9 @@ import numpy
 import pytest
 
 import chainiter
-from chainiter import MultiprocessIterator, SerialIterator, concat_examples
+from chainiter import (
+    MultiprocessIterator, MultithreadIterator, SerialIterator,
+    concat_examples)
 from chainiter.datasets import DictDataset, TupleDataset
 
 import helpers
@@ -24,9 +26,10 @@ from helpers import assert_resume_equivalent, fingerprint, shm_files
 def group_early(monkeypatch):
     """Group after two batches, whatever the batches cost, in groups of at
     most four (so that a short run crosses many groups)."""
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 2)
-    monkeypatch.setattr(MultiprocessIterator, 'GROUP_S', 10.0)
-    monkeypatch.setattr(MultiprocessIterator, 'MAX_GROUP', 4)
+    for kind in (MultiprocessIterator, MultithreadIterator):
+        monkeypatch.setattr(kind, 'GROUP_AFTER', 2)
+        monkeypatch.setattr(kind, 'GROUP_S', 10.0)
+        monkeypatch.setattr(kind, 'MAX_GROUP', 4)
 
 
 class Rows:
@@ -716,8 +719,23 @@ def test_n_prefetch_keeps_at_least_that_many_batches_ahead(
     ``next()``), N = n_prefetch = 40, more than the self-tuned depth (16
     per worker): one by one, and in groups of 4, whatever batch of its
     group k is (the last group may still be filling)."""
+    _keeps_ahead(functools.partial(MultiprocessIterator, n_processes=2,
+                                   start_method=method),
+                 grouped, monkeypatch, tmp_path)
+
+
+@pytest.mark.parametrize('grouped', [False, True],
+                         ids=['one-by-one', 'grouped'])
+def test_n_prefetch_keeps_at_least_that_many_batches_ahead_in_threads(
+        grouped, monkeypatch, tmp_path):
+    """The same with worker threads (the same pipeline)."""
+    _keeps_ahead(functools.partial(MultithreadIterator, n_threads=2),
+                 grouped, monkeypatch, tmp_path)
+
+
+def _keeps_ahead(make, grouped, monkeypatch, tmp_path):
     if not grouped:
-        monkeypatch.setattr(MultiprocessIterator, 'GROUP_AFTER', 10 ** 9)
+        monkeypatch.setattr(make.func, 'GROUP_AFTER', 10 ** 9)
     n_prefetch, size = 40, 4
     log = str(tmp_path / 'loads')
     dataset = helpers.LoggedLoads(size * 200, log)
@@ -733,10 +751,8 @@ def test_n_prefetch_keeps_at_least_that_many_batches_ahead(
             pause.wait(0.005)
         return False
 
-    with MultiprocessIterator(dataset, size, n_processes=2, repeat=False,
-                              shuffle=False, n_prefetch=n_prefetch,
-                              converter=concat_examples,
-                              start_method=method) as it:
+    with make(dataset, size, repeat=False, shuffle=False,
+              n_prefetch=n_prefetch, converter=concat_examples) as it:
         # One by one, 14 batches; in groups, until the group size is
         # chosen (the first measure comes once batches arrive after the
         # first: a few dozen batches), then until the batches dispatched
