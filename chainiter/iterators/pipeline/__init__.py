@@ -190,4 +190,15 @@ It reads the sockets, writes the outboxes and rests without it.  At a
 fork, the forking thread takes the lock to retire the slots the child
 may read (``forks.py``).  Each method of ``Pool`` says which thread calls
 it.
+
+With worker threads (``threads/workers.py``) there is no receiver
+thread, and where the table says "receiver", read "a worker thread":
+each takes ``pool.lock`` to deliver its result (``on_result``, reading a
+group's batch ahead), to report its exit (``on_exit``, which starts its
+replacement), and, after a result, to submit what was posted; ``next()``
+submits it when no worker is loading (``NoReceiver.nudge``).  A thread's
+tasks come through a ``queue.SimpleQueue``, which never blocks a put.  On
+a free-threaded build the attributes read without the lock are still
+read and written as one value each (CPython keeps a single attribute
+store atomic there too); nothing relies on the GIL beyond that.
 """
