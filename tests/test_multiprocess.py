@@ -516,6 +516,11 @@ def test_workers_seed_torch_random_and_numpy(method, monkeypatch):
     check_worker_rngs(method, 'fake')
 
 
+# The seeding under each start method is test_workers_seed_torch_random_
+# and_numpy's (a fake torch, imported with the dataset under forkserver and
+# spawn); this one checks the real torch's API, once: under forkserver and
+# spawn each worker imports the real torch (seconds), -m slow.
+@pytest.mark.parametrize('method', helpers.start_methods_kept('fork'))
 def test_workers_seed_the_real_torch(method):
     pytest.importorskip('torch')
     check_worker_rngs(method, 'real')
