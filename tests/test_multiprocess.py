@@ -403,6 +403,12 @@ def test_held_batches_stay_intact(method, converter):
             assert_same_arrays(got, concat_examples(want))
 
 
+# Resuming across numbers of workers and into threads is the pipeline's,
+# whatever the start method; that a snapshot resumes under forkserver and
+# spawn (to SerialIterator and to MultiprocessIterator) is test_resume.py's
+# test_resume_equivalence_multiprocess.  Here those two are -m slow: each
+# of the 27 targets starts its workers anew (seconds under spawn).
+@pytest.mark.parametrize('method', helpers.start_methods_kept('fork'))
 def test_resume_equivalence(method):
     dataset = AugmentedDataset(11)
 
