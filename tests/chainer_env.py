@@ -42,7 +42,9 @@ def _pip(python, *args):
 def chainer_python():
     """The interpreter of a venv with Chainer 7.8.1; skips the test when
     none can be made."""
-    tag = 'chainer-7.8.1-py{}.{}'.format(*sys.version_info[:2])
+    # 3.13t (free-threaded) apart from 3.13: another ABI.
+    tag = 'chainer-7.8.1-py{}.{}{}'.format(*sys.version_info[:2],
+                                           getattr(sys, 'abiflags', ''))
     root = _root()
     root.mkdir(parents=True, exist_ok=True)
     home = root / tag
@@ -63,8 +65,9 @@ def chainer_python():
             result = _pip(python, *step)
             if result.returncode != 0:
                 reason = ('Chainer 7.8.1 could not be installed into a '
-                          'scratch venv for Python {}.{} (pip {}): {}'.format(
+                          'scratch venv for Python {}.{}{} (pip {}): {}'.format(
                               sys.version_info[0], sys.version_info[1],
+                              getattr(sys, 'abiflags', ''),
                               ' '.join(step),
                               result.stdout.strip()[-600:]))
                 _failed.append(reason)

@@ -109,6 +109,16 @@ def assert_resume_equivalent(make_source, make_targets, n_steps):
 START_METHODS = ['fork', 'forkserver', 'spawn']
 
 
+def start_methods_kept(*kept):
+    """START_METHODS for ``parametrize``, those not in ``kept`` marked
+    ``slow`` (run with ``-m slow``): for a test whose start-method part
+    another test covers under every method, where the other methods cost
+    seconds (spawn's workers import torch, say) and check nothing new."""
+    import pytest
+    return [m if m in kept else pytest.param(m, marks=pytest.mark.slow)
+            for m in START_METHODS]
+
+
 class Examples:
     """Examples of one kind: 'tuple', 'dict', 'array', 'plain' (no arrays),
     'varying' (arrays of varying shapes) or 'mixed' (a dict of a fixed and

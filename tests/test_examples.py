@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from helpers import start_methods_kept
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -28,6 +30,10 @@ def test_train_digits(method):
     assert 'bit-identical to the uninterrupted run: True' in out
 
 
+# The example's resume under forkserver, whose workers start as spawn's
+# do (a fresh interpreter that imports torch with the dataset) and whose
+# resume test_resume.py checks as it does fork's and spawn's: -m slow.
+@pytest.mark.parametrize('method', start_methods_kept('fork', 'spawn'))
 def test_train_torch(method):
     pytest.importorskip('torch')
     out = _run('train_torch.py', '--epochs', '2', '--start-method', method)

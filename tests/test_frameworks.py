@@ -103,27 +103,49 @@ LIGHTNING_RESUMES = {
 }
 
 
-@pytest.mark.parametrize('config', sorted(LIGHTNING_RESUMES))
-def test_lightning_resumes_in_a_new_process(tmp_path, config):
-    """ModelCheckpoint(every_n_train_steps=k), then fit(ckpt_path=...) in a
-    new process with a fresh loader: the batches (and their Lightning
-    epochs, and the weights at the end) are the uninterrupted run's."""
+@pytest.fixture(scope='module')
+def lightning_resumed(tmp_path_factory):
+    """Every configuration's uninterrupted run and runs stopped at each
+    checkpoint step, here; then one new process (Lightning and torch take
+    seconds to import) that resumes each configuration from each of its
+    checkpoints: ``{config: (full, weights, heads, resumed)}``."""
     need('torch', 'lightning')
     import lightning_run
-    repeat, n, reload, steps = LIGHTNING_RESUMES[config]
-    with lightning_run.make_loader(repeat, n) as loader:
-        full, weights = lightning_run.fit(loader, 4, str(tmp_path),
-                                          reload=reload)
-    assert lightning_batches(full) == reference(n, repeat, 4)
-    paths = []
-    for k in steps:
-        directory = str(tmp_path / 'k{}'.format(k))
+    runs, args = {}, []
+    for config in sorted(LIGHTNING_RESUMES):
+        repeat, n, reload, steps = LIGHTNING_RESUMES[config]
+        tmp = tmp_path_factory.mktemp('lightning-' + config)
         with lightning_run.make_loader(repeat, n) as loader:
-            head, _ = lightning_run.fit(loader, 4, directory, max_steps=k,
-                                        every=k, reload=reload)
-        assert head == full[:k]
-        paths.append(os.path.join(directory, 'step={}.ckpt'.format(k)))
-    resumed = in_new_process('lightning_run.py', repeat, n, reload, 4, *paths)
+            full, weights = lightning_run.fit(loader, 4, str(tmp),
+                                              reload=reload)
+        heads, paths = [], []
+        for k in steps:
+            directory = str(tmp / 'k{}'.format(k))
+            with lightning_run.make_loader(repeat, n) as loader:
+                head, _ = lightning_run.fit(loader, 4, directory,
+                                            max_steps=k, every=k,
+                                            reload=reload)
+            heads.append(head)
+            paths.append(os.path.join(directory, 'step={}.ckpt'.format(k)))
+        runs[config] = (full, weights, heads)
+        args.append([repeat, n, reload, 4, paths])
+    resumed = in_new_process('lightning_run.py', json.dumps(args))
+    return {config: runs[config] + (resumed[j],)
+            for j, config in enumerate(sorted(LIGHTNING_RESUMES))}
+
+
+@pytest.mark.parametrize('config', sorted(LIGHTNING_RESUMES))
+def test_lightning_resumes_in_a_new_process(lightning_resumed, config):
+    """ModelCheckpoint(every_n_train_steps=k), then fit(ckpt_path=...) in a
+    new process with a fresh loader: the batches (and their Lightning
+    epochs, and the weights at the end) are the uninterrupted run's.  (The
+    configurations share that new process: lightning_resumed.)"""
+    repeat, n, reload, steps = LIGHTNING_RESUMES[config]
+    full, weights, heads, resumed = lightning_resumed[config]
+    assert lightning_batches(full) == reference(n, repeat, 4)
+    for k, head in zip(steps, heads):
+        assert head == full[:k], k
+    assert len(resumed) == len(steps)
     for k, (tail, final) in zip(steps, resumed):
         assert [tuple(b) for b in tail] == full[k:], k
         assert final == weights, k
@@ -158,29 +180,62 @@ def keras_run(monkeypatch):
     return keras_run
 
 
-@keras_warnings
+@pytest.fixture(scope='module')
+def keras_resumed(tmp_path_factory):
+    """Every configuration's uninterrupted run and runs stopped after each
+    step, here; then one new process (Keras and torch take seconds to
+    import) that resumes each from each of its snapshots: ``{config:
+    (full, weights, heads, resumed)}``."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv('KERAS_BACKEND', 'torch')
+        need('torch', 'keras')
+        import keras
+        if keras.backend.backend() != 'torch':
+            pytest.skip('keras was imported with another backend')
+        import keras_run
+        runs, args = {}, []
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                'ignore', "__array__ implementation doesn't accept a copy "
+                'keyword', DeprecationWarning)
+            for config in sorted(KERAS_RUNS):
+                repeat, n, steps = KERAS_RUNS[config]
+                tmp = tmp_path_factory.mktemp('keras-' + config)
+                with keras_run.make_dataset(repeat, n) as ds:
+                    full, weights = keras_run.train(ds, repeat, KERAS_EPOCHS)
+                heads, paths = [], []
+                for k in steps:
+                    path = str(tmp / 'k{}.npz'.format(k))
+                    with keras_run.make_dataset(repeat, n) as ds:
+                        head, _ = keras_run.train(
+                            ds, repeat, KERAS_EPOCHS,
+                            callbacks=[keras_run.save_and_stop(ds, k, path)])
+                    heads.append(head)
+                    paths.append(path)
+                runs[config] = (full, weights, heads)
+                args.append([repeat, n, KERAS_EPOCHS, paths])
+        resumed = in_new_process('keras_run.py', json.dumps(args))
+    return {config: runs[config] + (resumed[j],)
+            for j, config in enumerate(sorted(KERAS_RUNS))}
+
+
+KERAS_EPOCHS = 3
+
+
 @pytest.mark.parametrize('config', sorted(KERAS_RUNS))
-def test_keras_epochs_are_chainiter_epochs_and_resume(keras_run, tmp_path,
-                                                      config):
+def test_keras_epochs_are_chainiter_epochs_and_resume(keras_resumed, config):
     """model.fit(KerasDataset(it)): Keras' epochs are chainiter's; a
     callback saves the state after k steps and stops; a new process loads
     it into a fresh iterator and model and goes on: the same batches and,
-    at the end, the same weights as the uninterrupted run."""
+    at the end, the same weights as the uninterrupted run.  (The
+    configurations share that new process: keras_resumed.)"""
     repeat, n, steps = KERAS_RUNS[config]
-    epochs = 3
-    with keras_run.make_dataset(repeat, n) as ds:
-        full, weights = keras_run.train(ds, repeat, epochs)
-    assert full == [labels for _, labels in reference(n, repeat, epochs)]
-    paths = []
-    for k in steps:
-        path = str(tmp_path / 'k{}.npz'.format(k))
-        with keras_run.make_dataset(repeat, n) as ds:
-            head, _ = keras_run.train(
-                ds, repeat, epochs,
-                callbacks=[keras_run.save_and_stop(ds, k, path)])
-        assert head == full[:k]
-        paths.append(path)
-    resumed = in_new_process('keras_run.py', repeat, n, epochs, *paths)
+    full, weights, heads, resumed = keras_resumed[config]
+    assert full == [labels for _, labels in reference(n, repeat,
+                                                      KERAS_EPOCHS)]
+    for k, head in zip(steps, heads):
+        assert head == full[:k], k
+    assert len(resumed) == len(steps)
     for k, (tail, final) in zip(steps, resumed):
         assert tail == full[k:], k
         assert final == weights, k

@@ -409,6 +409,12 @@ def test_held_batches_stay_intact(method, converter):
             assert_same_arrays(got, concat_examples(want))
 
 
+# Resuming across numbers of workers and into threads is the pipeline's,
+# whatever the start method; that a snapshot resumes under forkserver and
+# spawn (to SerialIterator and to MultiprocessIterator) is test_resume.py's
+# test_resume_equivalence_multiprocess.  Here those two are -m slow: each
+# of the 27 targets starts its workers anew (seconds under spawn).
+@pytest.mark.parametrize('method', helpers.start_methods_kept('fork'))
 def test_resume_equivalence(method):
     dataset = AugmentedDataset(11)
 
@@ -522,6 +528,11 @@ def test_workers_seed_torch_random_and_numpy(method, monkeypatch):
     check_worker_rngs(method, 'fake')
 
 
+# The seeding under each start method is test_workers_seed_torch_random_
+# and_numpy's (a fake torch, imported with the dataset under forkserver and
+# spawn); this one checks the real torch's API, once: under forkserver and
+# spawn each worker imports the real torch (seconds), -m slow.
+@pytest.mark.parametrize('method', helpers.start_methods_kept('fork'))
 def test_workers_seed_the_real_torch(method):
     pytest.importorskip('torch')
     check_worker_rngs(method, 'real')

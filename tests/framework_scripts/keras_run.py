@@ -4,7 +4,10 @@ after k steps and stops), or as a script that resumes from each snapshot
 it is given, in a fresh iterator and model, and prints what every run saw
 (the labels of each batch trained on, the final weights) as JSON.
 
-    python keras_run.py REPEAT N EPOCHS SNAPSHOT.npz...
+    python keras_run.py '[[REPEAT, N, EPOCHS, [SNAPSHOT.npz, ...]], ...]'
+
+One process for every configuration given: for each, a list of
+``(labels, weights)``, one for each snapshot.
 
 With ``repeat=False`` every pass has the same number of batches: one fit
 runs them all (a resumed one first finishes the interrupted epoch alone).
@@ -116,7 +119,8 @@ def resume(repeat, n, epochs, path):
 
 
 if __name__ == '__main__':
-    repeat, n, epochs = sys.argv[1] == 'True', int(sys.argv[2]), int(
-        sys.argv[3])
-    print(json.dumps([resume(repeat, n, epochs, path)
-                      for path in sys.argv[4:]]))
+    # '[[REPEAT, N, EPOCHS, [PATH, ...]], ...]': one process for every
+    # configuration (Keras and torch take seconds to import).
+    print(json.dumps([[resume(repeat, n, epochs, path) for path in paths]
+                      for repeat, n, epochs, paths in json.loads(
+                          sys.argv[1])]))

@@ -3,8 +3,10 @@ uninterrupted run, the run stopped by max_steps) or as a script that
 resumes from each checkpoint it is given, each in a fresh loader and
 Trainer, and prints what every run saw as JSON.
 
-    python lightning_run.py REPEAT N RELOAD EPOCHS CKPT...
+    python lightning_run.py '[[REPEAT, N, RELOAD, EPOCHS, [CKPT, ...]], ...]'
 
+One process for every configuration given (its imports take seconds):
+for each, a list of ``(batches, weights)``, one for each checkpoint.
 ``RELOAD`` is Trainer's ``reload_dataloaders_every_n_epochs``.
 """
 
@@ -90,11 +92,11 @@ def fit(loader, epochs, tmp, max_steps=-1, every=None, ckpt_path=None,
 if __name__ == '__main__':
     import logging
     logging.getLogger('lightning').setLevel(logging.ERROR)
-    repeat = sys.argv[1] == 'True'
-    n, reload, epochs = (int(a) for a in sys.argv[2:5])
     out = []
-    for path in sys.argv[5:]:
-        with make_loader(repeat, n) as loader:
-            out.append(fit(loader, epochs, os.path.dirname(path),
-                           ckpt_path=path, reload=reload))
+    for repeat, n, reload, epochs, paths in json.loads(sys.argv[1]):
+        out.append([])
+        for path in paths:
+            with make_loader(repeat, n) as loader:
+                out[-1].append(fit(loader, epochs, os.path.dirname(path),
+                                   ckpt_path=path, reload=reload))
     print(json.dumps(out))
