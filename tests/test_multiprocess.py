@@ -1258,3 +1258,36 @@ def test_stats_of_a_compute_bound_loop(method):
     assert (stats['batches'], stats['examples']) == (11, 44)
     assert stats['by_copy'] >= 1 and stats['ready'] >= 0
     assert verdict.startswith('compute-bound: next() waited'), verdict
+
+
+class _Large:
+    """Examples of 4 MiB: the first batch comes through the socket, in
+    many reads."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return numpy.full(2 ** 20, i, dtype=numpy.float32)
+
+
+def test_results_arrive_when_the_process_has_over_1024_descriptors(method):
+    # select() refuses a descriptor numbered 1024 or more; a program with
+    # many files open gives the pool's sockets such numbers.
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip('the hard limit of descriptors is {}'.format(hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with MultiprocessIterator(_Large(), 2, n_processes=2,
+                                  shuffle=False, start_method=method) as it:
+            for k in range(4):
+                batch = next(it)
+                assert [int(x[0]) for x in batch] == [2 * k, 2 * k + 1]
+                assert all((x == x[0]).all() for x in batch)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

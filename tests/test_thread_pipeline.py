@@ -238,3 +238,16 @@ def test_a_forked_child_loads_on_with_threads_of_its_own():
         os.waitpid(pid, 0)
         assert got == b'1'
         assert take(it, 5) == expected      # the parent's threads go on
+
+
+def test_iterators_that_come_and_go_leave_no_descriptor_open():
+    def descriptors():
+        return len(os.listdir('/proc/self/fd'))
+
+    with MultithreadIterator(Tiny(), 8, n_threads=3) as it:
+        take(it, 5)
+    before = descriptors()
+    for _ in range(20):
+        with MultithreadIterator(Tiny(), 8, n_threads=3) as it:
+            take(it, 5)
+    assert descriptors() == before

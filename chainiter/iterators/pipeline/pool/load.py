@@ -30,6 +30,12 @@ class RunQueueClock:
         except (OSError, AttributeError):
             self._fd = None
 
+    def close(self):
+        """Close its descriptor (a worker thread's, at its end)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def __call__(self):
         if self._fd is None:
             return 0.0

@@ -220,11 +220,17 @@ def _at_least(fd, data, pos, n):
 
 def _read_into(fd, target, filled):
     view = memoryview(target)
+    waiting = None
     while filled < len(target):
         try:
             n = os.readv(fd, [view[filled:]])
         except BlockingIOError:     # the parent's end is non-blocking
-            select.select([fd], [], [])
+            # poll, not select: a process with 1024 descriptors open gets
+            # higher numbers, which select refuses.
+            if waiting is None:
+                waiting = select.poll()
+                waiting.register(fd, select.POLLIN)
+            waiting.poll()
             continue
         if n == 0:
             raise EOFError

@@ -245,6 +245,15 @@ def _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset, seed,
             return
     batched = _context.batch_method(dataset) is not None
     run_queue = load.RunQueueClock()
+    try:
+        _take_tasks(pool_ref, launched, inbox, dataset, converter, batched,
+                    run_queue, max_tasks)
+    finally:
+        run_queue.close()       # its descriptor: the thread's own
+
+
+def _take_tasks(pool_ref, launched, inbox, dataset, converter, batched,
+                run_queue, max_tasks):
     done = 0
     while max_tasks is None or done < max_tasks:
         item = inbox.get()
@@ -257,7 +266,7 @@ def _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset, seed,
         whole = None if memory is None else \
             numpy.frombuffer(memory, dtype=numpy.uint8)
         result = load.run_task(dataset, converter, batched, here, whole,
-                                 layout, run_queue, remote.capture_here)
+                               layout, run_queue, remote.capture_here)
         del whole, memory
         if not _deliver(pool_ref, lambda pool, w: pool.on_result(
                 w, task.generation, task.seq, task.chunk, result),
