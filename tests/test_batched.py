@@ -286,15 +286,25 @@ def test_columns_go_into_rows_with_room_to_spare(method, name):
     assert by_copy <= 1
 
 
-@pytest.mark.parametrize('n_prefetch', [1, None])
-def test_multiprocess_batches_without_repeat_or_shuffle(method, n_prefetch):
-    # n_prefetch=1: two chunks a batch, one per worker.
+@pytest.mark.parametrize('split', [True, False])
+def test_multiprocess_batches_without_repeat_or_shuffle(method, split,
+                                                        monkeypatch):
+    # Split: 2 batches in flight for 3 workers (the fewest, 2 per CPU, on
+    # a machine the iterator sees as 1 CPU, when the budget holds no
+    # more), two chunks a batch.
+    kwargs = {}
+    if split:
+        from chainiter.iterators.multiprocess import iterator
+        monkeypatch.setattr(iterator, 'usable_cpus', lambda: 1)
+        kwargs = dict(n_processes=3, prefetch_bytes=1)
     dataset = _datasets()['tuple-python-ints']
     with MultiprocessIterator(dataset, 5, repeat=False, shuffle=False,
-                              n_processes=2, n_prefetch=n_prefetch,
+                              n_processes=kwargs.pop('n_processes', 2),
                               converter=concat_examples,
-                              start_method=method) as it:
+                              start_method=method, **kwargs) as it:
         got = _batches(it, concat_examples, 5)
+        if split:
+            assert it.stats['prefetch'] == 2
         with pytest.raises(StopIteration):
             next(it)
     assert got == _expected(dataset, concat_examples, False, False, 5)

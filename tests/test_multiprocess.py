@@ -252,10 +252,16 @@ def test_bucketed_batches_resume_exactly_and_shared_mem_avoids_copies(
         assert it.stats['by_copy'] == 1      # the first: it measures
 
 
-def test_bucketed_batches_split_among_workers_equal_concat_examples(method):
-    # One batch in flight for two workers: each batch is cut in two.
+def test_bucketed_batches_split_among_workers_equal_concat_examples(
+        method, monkeypatch):
+    # Fewer batches in flight than workers: each batch is cut in chunks.
+    # (An explicit n_prefetch is a floor; the fewest the iterator keeps
+    # in flight is 2 per CPU, when the budget holds no more: with 3
+    # workers on a machine it sees as 1 CPU, 2 batches for 3 workers.)
+    from chainiter.iterators.multiprocess import iterator
+    monkeypatch.setattr(iterator, 'usable_cpus', lambda: 1)
     dataset = helpers.Bucketed(4 * 12, 4, width=64)
-    with MultiprocessIterator(dataset, 4, n_processes=2, n_prefetch=1,
+    with MultiprocessIterator(dataset, 4, n_processes=3, prefetch_bytes=1,
                               shuffle=False, converter=concat_examples,
                               start_method=method) as it, \
             SerialIterator(dataset, 4, shuffle=False) as ref, \
@@ -263,6 +269,7 @@ def test_bucketed_batches_split_among_workers_equal_concat_examples(method):
         warnings.simplefilter('ignore', chainiter.SharedMemoryWarning)
         for _ in range(16):
             assert_same_arrays(next(it), concat_examples(next(ref)))
+            assert it.stats['prefetch'] == 2
 
 
 def views_shared_memory(array):
