@@ -3,6 +3,7 @@ import weakref
 from typing import Any, Callable, Optional, Tuple, Union
 
 from chainiter import _context
+from chainiter._interrupts import uninterrupted
 from chainiter.errors import IteratorFinalizedError
 from chainiter.iterators import _args, _state
 from chainiter.iterators._base import DatasetIterator
@@ -12,8 +13,24 @@ class _Chunks(list):
     """The futures of a batch loaded by a batch method, one per chunk."""
 
 
+# How long a wait for a batch holds back a Ctrl-C at most (it is raised
+# when the wait ends, outside the locks of concurrent.futures).
+_WAIT_SLICE_S = 0.05
+
+# Why the calls into concurrent.futures run under uninterrupted(): a
+# KeyboardInterrupt (or a timeout handler's exception) raised in the main
+# thread inside them can land between a lock's acquire and the ``with``
+# that would release it (threading.Condition.__enter__, the futures'
+# _AcquireFutures, ThreadPoolExecutor.submit's semaphore and shutdown
+# locks).  That lock stays held for good: the loader threads block on it,
+# and so do the next next() and finalize(), where no signal reaches them
+# any more.  Free-threaded 3.13t hits this within seconds of a signal
+# storm (tests/test_interrupts.py); a build with the GIL rarely.
+
+
 def _shutdown(pool):
-    pool.shutdown(wait=True, cancel_futures=True)
+    with uninterrupted():
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class MultithreadIterator(DatasetIterator):
@@ -53,6 +70,10 @@ class MultithreadIterator(DatasetIterator):
             '_closed', '_pool', '_finalizer')
 
     def _submit(self, step):
+        with uninterrupted():
+            return self._submit_now(step)
+
+    def _submit_now(self, step):
         submit = self._pool.submit
         dataset, seed = self.dataset, self._pass_seed
         if _context.batch_method(dataset) is not None:
@@ -73,33 +94,47 @@ class MultithreadIterator(DatasetIterator):
     def _collect(self, futures):
         batch = []
         for future in futures:
-            if not future.done():
-                # Also wake up when finalize() is called from another thread.
-                concurrent.futures.wait(
-                    (future, self._closed),
-                    return_when=concurrent.futures.FIRST_COMPLETED)
-                if self._closed.done():
+            while True:
+                # Slices of a wait, each holding a Ctrl-C back (see
+                # _WAIT_SLICE_S); also wakes up when finalize() is called
+                # from another thread.
+                with uninterrupted():
+                    done = future.done() or bool(concurrent.futures.wait(
+                        (future, self._closed), timeout=_WAIT_SLICE_S,
+                        return_when=concurrent.futures.FIRST_COMPLETED).done)
+                    closed = self._closed.done()
+                if closed:
                     raise IteratorFinalizedError(
                         'MultithreadIterator was finalized while next() '
                         'waited for a batch')
-            batch.append(future.result())
+                if done:
+                    break
+            with uninterrupted():
+                error = future.exception()
+                result = None if error is not None else future.result()
+            if error is not None:
+                raise error
+            batch.append(result)
         if type(futures) is _Chunks:
             return [example for chunk in batch for example in chunk]
         return batch
 
     def _ready_batches(self):
-        return sum(1 for futures in self._pending.handles()
-                   if isinstance(futures, list)
-                   and all(future.done() for future in futures))
+        with uninterrupted():
+            return sum(1 for futures in self._pending.handles()
+                       if isinstance(futures, list)
+                       and all(future.done() for future in futures))
 
     def _drop_pending(self):
-        for futures in self._pending.handles():
-            for future in futures if isinstance(futures, list) else ():
-                future.cancel()
+        with uninterrupted():
+            for futures in self._pending.handles():
+                for future in futures if isinstance(futures, list) else ():
+                    future.cancel()
         super()._drop_pending()
 
     def finalize(self) -> None:
-        if not self._closed.done():
-            self._closed.set_result(None)
+        with uninterrupted():
+            if not self._closed.done():
+                self._closed.set_result(None)
         super().finalize()
         self._finalizer()
