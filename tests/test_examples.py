@@ -30,10 +30,10 @@ def test_train_digits(method):
     assert 'bit-identical to the uninterrupted run: True' in out
 
 
-# The example's resume under forkserver, whose workers start as spawn's
-# do (a fresh interpreter that imports torch with the dataset) and whose
-# resume test_resume.py checks as it does fork's and spawn's: -m slow.
-@pytest.mark.parametrize('method', start_methods_kept('fork', 'spawn'))
+# Under spawn -m slow: chainiter's workers take the path of forkserver's
+# there (the dataset pickled to a fresh interpreter that imports torch with
+# it), only slower to start; test_resume.py resumes under all three.
+@pytest.mark.parametrize('method', start_methods_kept('fork', 'forkserver'))
 def test_train_torch(method):
     pytest.importorskip('torch')
     out = _run('train_torch.py', '--epochs', '2', '--start-method', method)

@@ -114,6 +114,10 @@ def test_without_repeat_the_last_group_and_batch_are_short(method):
     assert again == expected
 
 
+# Under spawn -m slow: chainiter's workers take forkserver's path there
+# (only their start differs), and each snapshot restored starts them anew.
+@pytest.mark.parametrize('method', helpers.start_methods_kept('fork',
+                                                              'forkserver'))
 def test_grouped_batches_resume_exactly(method):
     dataset = _dataset('per-example')
 
