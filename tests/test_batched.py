@@ -294,7 +294,7 @@ def test_multiprocess_batches_without_repeat_or_shuffle(method, split,
     # more), two chunks a batch.
     kwargs = {}
     if split:
-        from chainiter.iterators.multiprocess import iterator
+        from chainiter.iterators.pipeline.processes import iterator
         monkeypatch.setattr(iterator, 'usable_cpus', lambda: 1)
         kwargs = dict(n_processes=3, prefetch_bytes=1)
     dataset = _datasets()['tuple-python-ints']

@@ -562,13 +562,13 @@ def test_main_cpu_counts_the_loaders_threads_not_the_samplers():
         loader_start = runner.thread_cpu_s(loader)
         threading.Event().wait(0.3)      # the threads spin meanwhile
         loader_cpu = runner.thread_cpu_s(loader) - loader_start
-        in_next, others = cpu.stop()
+        in_next, others, workers = cpu.stop()
     finally:
         stop_sampler.set()
         stop_loader.set()
         sampler.join()
         loader.join()
-    assert in_next == 0.0
+    assert in_next == 0.0 and workers == 0.0    # no worker thread here
     assert loader_cpu > 0.01
     # The loader's thread, and nothing of the sampler's (both spun about
     # as much): what the main thread did between the reads aside.

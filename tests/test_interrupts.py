@@ -213,7 +213,7 @@ def test_a_ctrl_c_while_next_waits_keeps_the_batches_loaded_ahead(
         while not loaded_ahead() and time.monotonic() < deadline:
             pause.wait(0.005)
         if go.wait(60) and helpers.wait_until_blocked_in(
-                main, 'wait', os.path.join('multiprocess', 'pool.py'), 60):
+                main, 'wait', os.path.join('pool', 'pool.py'), 60):
             sent.append(True)
             signal.pthread_kill(main.ident, signal.SIGINT)
 

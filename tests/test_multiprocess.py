@@ -258,7 +258,7 @@ def test_bucketed_batches_split_among_workers_equal_concat_examples(
     # (An explicit n_prefetch is a floor; the fewest the iterator keeps
     # in flight is 2 per CPU, when the budget holds no more: with 3
     # workers on a machine it sees as 1 CPU, 2 batches for 3 workers.)
-    from chainiter.iterators.multiprocess import iterator
+    from chainiter.iterators.pipeline.processes import iterator
     monkeypatch.setattr(iterator, 'usable_cpus', lambda: 1)
     dataset = helpers.Bucketed(4 * 12, 4, width=64)
     with MultiprocessIterator(dataset, 4, n_processes=3, prefetch_bytes=1,

@@ -66,7 +66,7 @@ def _timed_nexts(it, count, first_s=None):
     """Time ``count`` calls of ``next(it)``, each after a training step, so
     that a loader keeping up shows only its own cost in ``next()``.
     ``first_s``: the first is already timed (it took that long)."""
-    from chainiter.iterators.pipeline.processes.worker import RunQueueClock
+    from chainiter.iterators.pipeline.pool.load import RunQueueClock
     run_queue = RunQueueClock()
     times = Timed()
     if first_s is not None:
