@@ -1101,7 +1101,7 @@ def two_cpus(monkeypatch):
     that "more workers than CPUs" stays a handful of workers anywhere.
     (Pinning the process instead would pin a forkserver started meanwhile,
     and every later worker of the session with it.)"""
-    from chainiter.iterators.pipeline import iterator
+    from chainiter.iterators.pipeline.processes import iterator
     monkeypatch.setattr(iterator, 'usable_cpus', lambda: 2)
     return 2
 
