@@ -4,6 +4,7 @@ test_multiprocess.py."""
 
 import copy
 import pickle
+import threading
 import time
 
 import pytest
@@ -56,9 +57,9 @@ def test_multithread_stats_count_ready_batches():
         next(it)
         # The next batches load in the background: wait for them (the
         # depth is at least 3: they are all ready within the deadline).
-        deadline = time.monotonic() + 10
+        deadline, pause = time.monotonic() + 10, threading.Event()
         while it.stats['ready'] < 3 and time.monotonic() < deadline:
-            time.sleep(0.001)
+            pause.wait(0.001)     # a deadline, as the other waits here
         assert it.stats['ready'] >= 3
         ready = it.stats['ready']
         next(it)

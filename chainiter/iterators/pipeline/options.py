@@ -53,8 +53,8 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
          workers='n_processes'):
     """The checked ``Options`` (the dataset's own checks, and its pickle
     check, come after: see ``check_dataset``).  ``workers`` names the
-    argument that gave ``n_processes``: ``'n_threads'`` for worker
-    threads (the start method is then ``'threads'``)."""
+    argument that gave ``n_processes`` (``'n_threads'`` for worker
+    threads, whose start method is ``'threads'``)."""
     if n_processes is None:
         n_processes = cpus
     n_processes = _args.positive_int(
@@ -79,8 +79,8 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
                          'in the workers, but no converter was given: '
                          'pass converter=...')
     _args.callable_or_none('worker_init_fn', worker_init_fn)
-    # Worker processes: resolved by the caller (``checks.start_method``).
-    method = 'threads' if workers == 'n_threads' else start_method
+    # start_method: resolved by the caller (``checks.start_method`` for
+    # processes, 'threads' for worker threads).
     stacked, padding = stacking_padding(converter)
     # Without a converter the batch is the list of examples, as loaded:
     # the workers stack them all the same (StackedExamples).
@@ -105,7 +105,7 @@ def read(cpus, n_processes, n_prefetch, prefetch_bytes, shared_mem,
         prefetch_bytes=prefetch_bytes, shared_mem=shared_mem,
         dataset_timeout=dataset_timeout, maxtasksperchild=maxtasksperchild,
         converter=converter, converter_in_workers=converter_in_workers,
-        start_method=method, worker_init_fn=worker_init_fn, cpus=cpus,
+        start_method=start_method, worker_init_fn=worker_init_fn, cpus=cpus,
         stacked=stacked, listed=listed, padding=padding,
         in_workers=in_workers,
         # A group counts as its batches: against an explicit n_prefetch

@@ -63,8 +63,8 @@ class MultithreadIterator(Pipeline):
                  ) -> None:
         options = _options.read(
             usable_cpus(), n_threads, n_prefetch, prefetch_bytes, None,
-            dataset_timeout, None, converter, False, None, worker_init_fn,
-            self.MAX_PREFETCH_PER_WORKER, workers='n_threads')
+            dataset_timeout, None, converter, False, 'threads',
+            worker_init_fn, self.MAX_PREFETCH_PER_WORKER, workers='n_threads')
         super().__init__(dataset, batch_size, repeat, shuffle, order_sampler,
                          seed, shard)
         self._options = options
