@@ -9,7 +9,6 @@ import collections
 import copy
 import enum
 import pickle
-import sys
 import warnings
 
 import numpy
@@ -140,14 +139,6 @@ def test_thread_list_batches_are_the_serial_ones(n_threads, kind):
     {}, {'n_prefetch': 8, 'shared_mem': 64, 'maxtasksperchild': 4}],
     ids=['defaults', 'all'])
 def test_list_batches_are_stacked_by_the_workers(method, arguments):
-    if arguments and not getattr(sys, '_is_gil_enabled', lambda: True)():
-        # Seen on 3.13t at 4da7420 already, in about half the runs: a
-        # replacement worker (maxtasksperchild=4) gets its tasks with no
-        # layout message before them (its buffer id is still -1), so its
-        # batches come by copy: right, but not stacked by the workers.
-        pytest.skip('free-threaded build: a replacement worker may miss '
-                    'its layout message (an open bug; its batches come by '
-                    'copy, and equal the serial ones)')
     dataset = Kinds('tuple')
     expected = _serial(dataset, 40)
     with MultiprocessIterator(dataset, 5, n_processes=2, shuffle=True,

@@ -261,8 +261,8 @@ class Book:
             loading.deaths += 1
             if loading.deaths >= MAX_DEATHS_PER_BATCH:
                 loading.failure = WorkerDiedError(
-                    'worker processes died {} times while loading the batch '
-                    'of dataset indices {}; the last one {}. The iterator '
+                    'workers died {} times while loading the batch '
+                    'of dataset indices {}; the last: {}. The iterator '
                     'stays at this batch'.format(
                         loading.deaths, short_list(loading.step.indices),
                         died_with))

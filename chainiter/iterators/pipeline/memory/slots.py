@@ -213,6 +213,19 @@ class SlotPool:
         it or holds one of those examples (``retire_leased``)."""
         slot.kept = weakref.ref(holder)
 
+    def buffers_of(self, task):
+        """The buffers whose slot ``task`` writes into: the buffers in use,
+        or the earlier ones it was made for (a task that waited for a
+        worker while the buffers were replaced: its batch reads that slot
+        with that layout); None when it has no slot, or its buffers were
+        retired at a fork (never written again)."""
+        if task.slot < 0:
+            return None
+        for buffers in [self.buffers] + self.replaced:
+            if buffers is not None and buffers.id == task.buffer_id:
+                return buffers
+        return None
+
     @staticmethod
     def hand_over(slot):
         """The batch in ``slot``, its exporter in it (``view``), is handed

@@ -95,7 +95,7 @@ class PoolWorkers:
         worker = self.workers[key]
         if main_thread:            # only there may an interrupt land
             self._touched = worker
-        worker.send_task(task, self.slots.buffers)
+        worker.send_task(task, self.slots.buffers_of(task))
         self._touched = None
         if worker.outbox.dead:
             # It died (its exit will give its tasks to others), or a write
@@ -209,29 +209,33 @@ class PoolWorkers:
             'signal {}'.format(-code)
         if code == -9:
             how += ' (SIGKILL: probably killed by the OOM killer)'
-        died_with = '(pid {}) died with {}'.format(launched.pid, how)
+        if launched.pid is None:     # a worker thread: no exit status
+            died_with = 'worker thread {} ended with an uncaught {}'.format(
+                worker.id, launched.error)
+        else:
+            died_with = 'worker process {} (pid {}) died with {}'.format(
+                worker.id, launched.pid, how)
         self.receiver.want()         # a new worker may be needed
         if code == 1 and not worker.started and not self.closed:
             # Python's own start-up failed (an exception before the worker
             # ran): another worker would fail the same way.
             self._put_ready(self.book.fail_all(
-                'worker process {} {} before it started: Python could not '
+                '{} before it started: Python could not '
                 'start it (a worker prints the traceback). Under the {!r} '
                 'start method a worker first imports the main script (as '
                 '__mp_main__); most often the script builds the iterator at '
                 'top level, outside "if __name__ == \'__main__\':", and that '
                 'fails there. Put the script\'s code under that guard, or '
                 'use start_method="fork". No more workers are '
-                'started'.format(
-                    worker.id, died_with, self.method), None))
+                'started'.format(died_with, self.method), None))
         outcome = self.book.worker_exited(launched.key, code, died_with)
         if self.closed:
             return
         if outcome.unexpected:
             self.events.append((WorkerRestartWarning, (
-                'worker process {} {}; a new worker takes over and {} '
+                '{}; a new worker takes over and {} '
                 'unfinished chunk(s) are loaded again'.format(
-                    worker.id, died_with, len(outcome.lost)))))
+                    died_with, len(outcome.lost)))))
         self._put_ready(outcome.ready)
         if not self.launcher.alive:
             self._put_ready(self.book.fail_all(

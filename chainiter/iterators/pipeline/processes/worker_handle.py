@@ -24,8 +24,9 @@ class Worker:
 
     def send_task(self, task, buffers):
         """Send a task; first the layout and the slot's memory (a message,
-        then the file descriptor itself) if the worker lacks them."""
-        if task.slot >= 0 and task.buffer_id == buffers.id:
+        then the file descriptor itself) if the worker lacks them.
+        ``buffers``: those of the task's slot, or None (it has none)."""
+        if buffers is not None:
             shared = buffers.slots[task.slot].shared
             if shared not in self.has_slots:
                 if self.buffer_id != buffers.id:

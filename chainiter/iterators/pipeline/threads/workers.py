@@ -74,6 +74,7 @@ class _Launched:
         self.conn = inbox
         self.process = None
         self.exitcode = None
+        self.error = None      # 'Type: message' of what ended the thread
 
 
 class ThreadWorker:
@@ -95,9 +96,10 @@ class ThreadWorker:
         self._thread.start()
 
     def send_task(self, task, buffers):
-        """Queue a task, with the memory of its slot."""
+        """Queue a task, with the memory of its slot (``buffers``: those
+        of the task's slot, or None)."""
         memory = layout = None
-        if task.slot >= 0 and task.buffer_id == buffers.id:
+        if buffers is not None:
             memory = buffers.slots[task.slot].shared.buffer
             layout = buffers.layout
         self.outbox.queue.put((task, memory, layout))
@@ -216,8 +218,9 @@ def _thread_main(pool_ref, launched, worker_id, incarnation, dataset, seed,
     try:
         _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset,
                seed, n_workers, worker_init_fn, max_tasks)
-    except BaseException:
+    except BaseException as e:
         launched.exitcode = 1
+        launched.error = '{}: {}'.format(type(e).__name__, e)
         raise
     finally:
         _context.set_thread_worker_info(None)
