@@ -4,6 +4,7 @@ what a worker writes (``stacked_rows``, ``example_rows``) and what the
 parent reads back (``read.read_batch``), in a plain byte array."""
 
 import functools
+import types
 
 import numpy
 import pytest
@@ -406,3 +407,30 @@ def test_a_list_batch_chunk_is_written_as_rows_only_if_it_comes_back_alike(
     stacked, listed, oversize = read.read_batch(whole, layout, results)
     got = listed if stacked is None else stacked
     assert helpers.fingerprint(list(got)) == helpers.fingerprint(examples)
+
+
+def test_a_task_made_for_replaced_buffers_is_sent_with_their_slot():
+    # A task that waits for a worker (its worker retired) while a larger
+    # example replaces the buffers is still the task of a batch that reads
+    # the old slot with the old layout: it is sent with those, not with
+    # no slot (which made a replacement worker's batches come by copy).
+    pool = SlotPool(4, BATCH, True, None, None, private=True)
+    try:
+        first, how = pool.fit(bucket(16), None, [])
+        assert how is None
+        old = pool.replace(first)
+        waiting = types.SimpleNamespace(slot=0, buffer_id=old.id)
+        grown, how = pool.fit(bucket(64), first, [])
+        assert how is None and grown is not None
+        new = pool.replace(grown)
+        assert new.id != old.id
+        assert pool.buffers_of(waiting) is old
+        assert pool.buffers_of(waiting).layout is first
+        assert pool.buffers_of(types.SimpleNamespace(
+            slot=0, buffer_id=new.id)) is new
+        assert pool.buffers_of(types.SimpleNamespace(
+            slot=-1, buffer_id=new.id)) is None       # it has no slot
+        assert pool.buffers_of(types.SimpleNamespace(
+            slot=0, buffer_id=new.id + 1)) is None    # no such buffers
+    finally:
+        pool.release()

@@ -221,8 +221,11 @@ class SlotPool:
         retired at a fork (never written again)."""
         if task.slot < 0:
             return None
-        for buffers in [self.buffers] + self.replaced:
-            if buffers is not None and buffers.id == task.buffer_id:
+        buffers = self.buffers
+        if buffers is not None and buffers.id == task.buffer_id:
+            return buffers      # (nearly always)
+        for buffers in self.replaced:
+            if buffers.id == task.buffer_id:
                 return buffers
         return None
 
