@@ -366,6 +366,8 @@ class Faulty:
                 raise ValueError('bad example {}'.format(i))
             if self.fault == 'exit':
                 os._exit(7)
+            if self.fault == 'systemexit':    # no worker catches it
+                raise SystemExit(3)
             if self.fault == 'sigkill':
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == 'sigsegv':

@@ -108,32 +108,19 @@ def test_an_error_comes_with_its_traceback_and_index_and_the_position_stays():
             next(it)
 
 
-class _ExitsAt:
-    """``dataset[bad]`` raises SystemExit, which no worker catches: the
-    thread loading it ends."""
-
-    def __init__(self, n, bad):
-        self.n, self.bad = n, bad
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i == self.bad:
-            raise SystemExit(3)
-        return i
-
-
 # (pytest reports each thread's uncaught exception: here they are the test.)
 @pytest.mark.filterwarnings(
     'ignore::pytest.PytestUnhandledThreadExceptionWarning')
 def test_a_thread_that_an_exception_ends_is_named_as_a_thread():
-    it = MultithreadIterator(_ExitsAt(40, 13), 4, n_threads=2, shuffle=False)
+    # dataset[13] raises SystemExit: the thread loading it ends.
+    it = MultithreadIterator(helpers.Faulty(40, 13, 'systemexit'), 4,
+                             n_threads=2, shuffle=False)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
-            assert [next(it) for _ in range(3)] == [
-                list(range(k, k + 4)) for k in range(0, 12, 4)]
+            assert fingerprint([next(it) for _ in range(3)]) == fingerprint(
+                [[numpy.full(3, i) for i in range(k, k + 4)]
+                 for k in range(0, 12, 4)])
             with pytest.raises(chainiter.WorkerDiedError) as info:
                 next(it)
     finally:

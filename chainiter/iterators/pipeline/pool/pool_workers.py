@@ -210,8 +210,9 @@ class PoolWorkers:
         if code == -9:
             how += ' (SIGKILL: probably killed by the OOM killer)'
         if launched.pid is None:     # a worker thread: no exit status
-            died_with = 'worker thread {} ended with an uncaught {}'.format(
-                worker.id, launched.error)
+            died_with = 'worker thread {} ended{}'.format(
+                worker.id, '' if launched.error is None else
+                ' with an uncaught ' + launched.error)
         else:
             died_with = 'worker process {} (pid {}) died with {}'.format(
                 worker.id, launched.pid, how)
