@@ -155,8 +155,13 @@ def set_worker_info(info):
 
 
 def set_thread_worker_info(info):
-    """The calling thread's (a worker thread; None: none)."""
-    _local.worker_info = info
+    """The calling thread's (a worker thread, or the main thread loading
+    as one); None: the process's again (a worker process forked from
+    this thread has its own)."""
+    if info is None:
+        _local.__dict__.pop('worker_info', None)
+    else:
+        _local.worker_info = info
 
 
 def load_example(dataset, index, seed, epoch, position):

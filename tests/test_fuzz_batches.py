@@ -3,7 +3,8 @@ tuples, dicts and bare values; arrays of every numpy kind and byte order,
 of one shape or ragged, 0-d arrays, numpy scalars and Python values;
 fields that change kind, shape or dtype mid-epoch, dicts whose key order
 varies.  For each, the batches of a ``MultiprocessIterator`` (and of a
-``MultithreadIterator``: the same pipeline, with threads) equal those
+``MultithreadIterator``: the same pipeline, with threads, and with
+threads that switch to loading in the main thread and back) equal those
 of a ``SerialIterator`` with the same converter, element by element: list
 batches (no converter), stacked (``concat_examples``) and padded
 (``padding=0``); ``concat_examples`` of a list batch equals that of the
@@ -32,7 +33,10 @@ CONVERTERS = {
 # Under fork the workers start in milliseconds: many datasets; under
 # forkserver and spawn, fewer.
 SEEDS = {'fork': range(0, 60), 'forkserver': range(60, 70),
-         'spawn': range(70, 80), 'threads': range(80, 140)}
+         'spawn': range(70, 80), 'threads': range(80, 140),
+         # Threads that load in the main thread by turns (a build with
+         # the GIL: tests/test_thread_loading.py).
+         'threads-switching': range(140, 170)}
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +60,7 @@ def _compare(dataset, method, converter, n_processes):
     batch_size = 2 + dataset.seed % 7
     n_batches = 3 * len(dataset) // batch_size + 1
     kwargs = dict(shuffle=True, seed=5)
-    if method == 'threads':
+    if method.startswith('threads'):
         it = MultithreadIterator(dataset, batch_size, n_threads=n_processes,
                                  converter=converter, **kwargs)
     else:
@@ -91,7 +95,11 @@ def _compare(dataset, method, converter, n_processes):
 @pytest.mark.parametrize('method,seed', [
     (method, seed) for method, seeds in SEEDS.items() for seed in seeds])
 def test_random_examples_come_back_as_the_serial_iterator_gives_them(
-        method, seed):
+        method, seed, monkeypatch):
+    if method == 'threads-switching':
+        monkeypatch.setattr(MultithreadIterator, 'LOADING_FIRST_PROBE_S', 0)
+        monkeypatch.setattr(MultithreadIterator, 'LOADING_WINDOW_S', 0)
+        monkeypatch.setattr(MultithreadIterator, 'LOADING_WINDOW_BATCHES', 1)
     dataset = FuzzDataset(seed)
     with warnings.catch_warnings():
         # Examples that outgrow their buffers warn; that is not checked

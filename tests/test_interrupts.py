@@ -42,9 +42,18 @@ class _Grouped(MultiprocessIterator):
     MAX_GROUP = 4
 
 
+class _Switching(MultithreadIterator):
+    # Loads in its threads and in the main thread by turns, switching
+    # every few batches (a build with the GIL: tests/test_thread_loading.py).
+    LOADING_FIRST_PROBE_S = 0.0
+    LOADING_WINDOW_S = 0.0
+    LOADING_WINDOW_BATCHES = 1
+
+
 KINDS = dict(
     [('serial', SerialIterator),
-     ('thread', functools.partial(MultithreadIterator, n_threads=2))]
+     ('thread', functools.partial(MultithreadIterator, n_threads=2)),
+     ('thread-switching', functools.partial(_Switching, n_threads=2))]
     + [('mp-' + m, functools.partial(MultiprocessIterator, n_processes=2,
                                      n_prefetch=3, start_method=m))
        for m in START_METHODS]

@@ -1193,7 +1193,7 @@ MP_STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
                 'wait_mean_s', 'elapsed_s', 'wait_fraction', 'examples_per_s',
                 'timed_batches', 'ready', 'by_copy', 'prefetch',
                 'worker_busy', 'worker_cpu_wait', 'workers_active',
-                'batches_per_task'}
+                'batches_per_task', 'loads_in'}
 
 
 def test_stats_of_an_input_bound_loop(method):

@@ -19,7 +19,8 @@ STAT_KEYS = {'batches', 'examples', 'first_batch_s', 'wait_s',
              'timed_batches', 'ready'}
 # The pipeline's own (MultithreadIterator's, as MultiprocessIterator's).
 PIPELINE_KEYS = {'by_copy', 'prefetch', 'batches_per_task',
-                 'workers_active', 'worker_busy', 'worker_cpu_wait'}
+                 'workers_active', 'worker_busy', 'worker_cpu_wait',
+                 'loads_in'}
 
 
 def test_stats_count_batches_and_examples_exactly(make):

@@ -19,7 +19,8 @@ it; nothing outside ``processes/`` knows of processes, nothing outside
   ``depth.py`` (the depth within one byte budget), ``grouping.py`` (when
   to group small batches, how many), ``load_meter.py`` (what loading
   cost), ``active_workers.py`` (how many workers take tasks),
-  ``worker_stats.py``.
+  ``worker_stats.py``, ``loading_mode.py`` (worker threads with the GIL:
+  whether the main thread loads faster itself).
 - ``memory/``: ``slots.py`` (the slots a batch is written into, their
   leases; ``slot_state.py``: a slot, and whether it is free), ``shm.py``
   (one buffer: a shared-memory file for processes, private memory for
@@ -56,7 +57,9 @@ it; nothing outside ``processes/`` knows of processes, nothing outside
   shared) and ``by_value.py`` (cloudpickle).
 - ``threads/``: ``iterator.py`` (``MultithreadIterator``), ``workers.py``
   (worker threads: their launcher, the pool's handle on one, the stand-in
-  for the receiver).
+  for the receiver, and ``MainThreadTasks``: the tasks ``next()`` loads
+  itself in ``pool.wait`` when that is faster, as the worker they were
+  given to).
 
 One batch from ``next()`` to a worker and back (``_base.advance`` makes
 the step)::
@@ -68,6 +71,8 @@ the step)::
      pool/pool_workers.py _send_task ─► the worker's queue:
         processes: processes/worker_handle.py ─socket─► processes/worker.py
         threads:   threads/workers.py ThreadWorker ──queue──► _serve
+        (or, with the GIL when faster, MainThreadTasks: pool/pool.py
+        wait runs it in the main thread, as that worker)
                                       pool/load.py run_task:
                                       dataset[i] ─► memory/sinks.py writes
                                       the slot
@@ -179,6 +184,12 @@ lock (the GIL makes those atomic); the table says where that is the rule.
 +-----------------------+------------------+---------------+------------------+
 | a ``SharedBuffer``'s  | any              | ``release``   | its own lock     |
 | release callbacks     | (when_released)  |               |                  |
++-----------------------+------------------+---------------+------------------+
+| ``pool.main_tasks``   | both (a task     | main (loads   | ``pool.lock``;   |
+| (threads only): its   | sent), main      | it, then pops | main peeks at    |
+| queue, ``on``         | (``switch``)     | it), both     | the first        |
+|                       |                  | (``on``)      | without; only    |
+|                       |                  |               | main pops        |
 +-----------------------+------------------+---------------+------------------+
 
 What the receiver thread does under ``pool.lock``: a worker's results

@@ -24,6 +24,9 @@ class IteratorStats:
         pool = self._t.pool
         stats['workers_active'] = self._options.n_processes \
             if pool is None else pool.book.active
+        main = None if pool is None else pool.main_tasks
+        stats['loads_in'] = 'main thread' if main is not None and \
+            main.on else 'workers'
         since = self._timing.since
         stats['worker_busy'], stats['worker_cpu_wait'] = \
             worker_stats.worker_busy(

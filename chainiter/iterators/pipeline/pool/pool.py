@@ -91,6 +91,8 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
         # Under spawn and forkserver the large arrays of the dataset go to
         # the workers as shared memory, which lives as long as the pool.
         self.shared_arrays = None
+        # The tasks the main thread loads itself (worker threads only).
+        self.main_tasks = None
         # The launcher and the receiver of the workers' kind (and the
         # shared arrays).
         self.handle = boundary.handle
@@ -179,6 +181,13 @@ class Pool(PoolWorkers, ReadyBatches, PoolClose):
                 # raised by get takes nothing, and once get has taken
                 # an item, no Ctrl-C can drop it on its way.
                 self.waiting = True
+                main = self.main_tasks
+                if main is not None:
+                    # Loading in this thread (threads.workers), until
+                    # the batch is ready or nothing is left to load.
+                    while main.tasks and self.ready.empty() and \
+                            main.run_one():
+                        pass
                 try:
                     box.extend(map(self.ready.get, _BLOCK, (
                         timeout if timeout else POLL_S,)))

@@ -17,7 +17,14 @@ class MultithreadIterator(Pipeline):
     threads write into the process's own memory: no shared-memory file,
     nothing pickled, no receiver thread.  On a free-threaded Python the
     threads load in parallel; with the GIL, what releases it (numpy's
-    copies, I/O, decoding in C) does.
+    copies, I/O, decoding in C) does, and a dataset that holds the GIL
+    may load faster in the main thread alone: there the iterator measures
+    the examples it hands out per second with each (half a second after
+    the first batch, then at doubling intervals up to a minute) and lets
+    ``next()`` load the batches itself while that is faster
+    (``stats['loads_in']``: ``'main thread'``).  Not with an explicit
+    ``n_prefetch`` nor a ``worker_init_fn``; ``CHAINITER_THREAD_LOADING``
+    (``auto``, ``threads`` or ``main``) decides it instead.
 
     Args:
         dataset, batch_size, repeat, shuffle, order_sampler, seed, shard:
@@ -50,6 +57,13 @@ class MultithreadIterator(Pipeline):
     # included.
     _chainer_order = ('_order', True)
 
+    # Where the threads' tasks load, on a build with the GIL
+    # (``flow/loading_mode.py``): measured this long after the first
+    # batch, over windows of at least this long and this many batches.
+    LOADING_FIRST_PROBE_S = 0.5
+    LOADING_WINDOW_S = 0.25
+    LOADING_WINDOW_BATCHES = 16
+
     def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
                  shuffle: Optional[bool] = None, n_threads: int = 1,
                  order_sampler: Optional[Callable[[Any, int], Any]] = None,
@@ -76,6 +90,11 @@ class MultithreadIterator(Pipeline):
         self.worker_init_fn = options.worker_init_fn
         self._start()
 
-    @staticmethod
-    def _boundary():
-        return workers.Threads()
+    def _boundary(self):
+        # Not with an explicit n_prefetch (batches loaded ahead), nor with
+        # a worker_init_fn (what it sets up may be the thread's own).
+        return workers.Threads(may_load_here=(
+            self._options.n_prefetch is None and
+            self._options.worker_init_fn is None), probe=(
+                self.LOADING_FIRST_PROBE_S, self.LOADING_WINDOW_S,
+                self.LOADING_WINDOW_BATCHES))

@@ -18,8 +18,11 @@ counterparts: ``ThreadLauncher`` (``launch.py``), ``ThreadWorker``
 (``worker_handle.py``) and ``NoReceiver`` (``receiver.py``).
 """
 
+import collections
 import itertools
+import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -27,8 +30,10 @@ import weakref
 import numpy
 
 from chainiter import _context
+from chainiter._interrupts import uninterrupted
 from chainiter.iterators._state import Step
 from chainiter.iterators.pipeline.memory import converted
+from chainiter.iterators.pipeline.flow.loading_mode import LoadingMode
 from chainiter.iterators.pipeline.pool import load
 from chainiter.iterators.pipeline.flow import remote
 
@@ -75,6 +80,8 @@ class _Launched:
         self.process = None
         self.exitcode = None
         self.error = None      # 'Type: message' of what ended the thread
+        self.main = None       # the pool's MainThreadTasks
+        self.info = None       # its WorkerInfo
 
 
 class ThreadWorker:
@@ -88,7 +95,9 @@ class ThreadWorker:
         self.id = worker_id
         self.key = launched.key
         self.outbox = launched.conn       # its _Inbox
+        self.info = launched.info
         self._thread = launched.process
+        self._main = launched.main
 
     def start(self):
         """Start the thread, now that the pool has this handle (the thread
@@ -102,7 +111,10 @@ class ThreadWorker:
         if buffers is not None:
             memory = buffers.slots[task.slot].shared.buffer
             layout = buffers.layout
-        self.outbox.queue.put((task, memory, layout))
+        if self._main.on:
+            self._main.tasks.append((self, (task, memory, layout)))
+        else:
+            self.outbox.queue.put((task, memory, layout))
 
     def close(self):
         pass
@@ -110,19 +122,61 @@ class ThreadWorker:
 
 class Threads:
     """The pool's workers as threads (``Processes``' counterpart,
-    ``boundary.py``)."""
+    ``boundary.py``).  ``may_load_here``: on a build with the GIL, the
+    main thread may load the tasks itself when that is faster
+    (``MainThreadTasks``); not with an explicit ``n_prefetch``, which
+    asks for batches loaded ahead."""
 
     method = 'threads'
     handle = ThreadWorker
 
-    @staticmethod
-    def connect(pool, dataset, seed, n_workers, worker_init_fn, max_tasks):
+    def __init__(self, may_load_here=True, probe=()):
+        self.may_load_here = may_load_here
+        self.probe = probe      # LoadingMode's first_probe_s, window_s,
+        #                         window_batches
+
+    def connect(self, pool, dataset, seed, n_workers, worker_init_fn,
+                max_tasks):
         """Give ``pool`` its launcher and its stand-in receiver.  (Not in
         ``forks.POOLS``: the slots are private memory, which a forked
         child has a copy of.)"""
+        where = where_to_load(self.may_load_here)
         pool.launcher = ThreadLauncher(pool, (
             dataset, seed, n_workers, worker_init_fn, max_tasks))
         pool.receiver = NoReceiver(pool)
+        pool.main_tasks = main = pool.launcher.main
+        main.on = where == 'main'
+        if where == 'auto':
+            main.mode = LoadingMode(*self.probe)
+
+
+#: The environment variable that says where a MultithreadIterator loads.
+WHERE_VARIABLE = 'CHAINITER_THREAD_LOADING'
+_WHERE = ('auto', 'threads', 'main')
+
+
+def where_to_load(may_load_here):
+    """``'threads'``, ``'main'`` or ``'auto'`` (measured:
+    ``LoadingMode``), from ``CHAINITER_THREAD_LOADING`` (default
+    ``auto``), the build (without the GIL the threads load in parallel)
+    and ``may_load_here``."""
+    where = os.environ.get(WHERE_VARIABLE, '').strip().lower() or 'auto'
+    if where not in _WHERE:
+        raise ValueError(
+            '{}={!r}: use one of {} (auto: the iterator measures which '
+            'is faster on a build with the GIL)'.format(
+                WHERE_VARIABLE, os.environ[WHERE_VARIABLE],
+                ', '.join(_WHERE)))
+    if where == 'auto' and not (may_load_here and gil_enabled()):
+        return 'threads'
+    return where
+
+
+def gil_enabled():
+    """Whether this interpreter runs with the GIL (a free-threaded build
+    can turn it back on: ``sys._is_gil_enabled``)."""
+    is_enabled = getattr(sys, '_is_gil_enabled', None)
+    return True if is_enabled is None else bool(is_enabled())
 
 
 class NoReceiver:
@@ -175,10 +229,17 @@ class ThreadLauncher:
         self._args = pool_args
         self._keys = itertools.count()
         self._threads = {}       # key -> Thread
+        self.main = MainThreadTasks(pool, pool_args)
 
     def start(self, worker_id, incarnation):
         key = next(self._keys)
         launched = _Launched(key, _Inbox())
+        dataset, seed, n_workers = self._args[:3]
+        launched.main = self.main
+        launched.info = _context.WorkerInfo(
+            worker_id, n_workers,
+            seed + load.worker_stream(worker_id, n_workers, incarnation),
+            incarnation)
         # Started by ThreadWorker.start, once the pool knows it.
         launched.process = threading.Thread(
             target=_thread_main, name='chainiter-worker-{}'.format(worker_id),
@@ -209,6 +270,132 @@ class ThreadLauncher:
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         self._threads.clear()
+        self.main.close()
+
+
+class MainThreadTasks:
+    """The tasks that the main thread loads itself, in ``next()`` while it
+    waits (``Pool.wait``), when the loading goes faster there than in the
+    worker threads (``on``; with the GIL, the threads of a dataset that
+    holds it only take turns, and pass it back and forth).  Each task
+    stays recorded for the worker it was given to, which never sees it:
+    the main thread loads it as that worker (its ``get_worker_info()``)
+    and delivers the result for it."""
+
+    def __init__(self, pool, pool_args):
+        self.on = False
+        self.mode = None        # LoadingMode: when it switches by itself
+        self.tasks = collections.deque()   # (ThreadWorker, its item)
+        self._pool = weakref.ref(pool)
+        self._dataset = pool_args[0]
+        self._unwrapped = None   # (dataset, converter, batched)
+        self._clock = None
+
+    def switch(self, pool, on):
+        """Load in the main thread from now on (``on``), with the tasks
+        that no thread has begun, or in the worker threads, which get the
+        tasks queued here (under the pool's lock)."""
+        if on == self.on:
+            return
+        self.on = on
+        tasks = self.tasks
+        if not on:
+            while tasks:
+                worker, item = tasks.popleft()
+                if pool.workers.get(worker.key) is worker:
+                    worker.outbox.queue.put(item)
+            return
+        taken = []
+        for worker in list(pool.workers.values()):
+            inbox = worker.outbox.queue
+            items = []
+            while True:
+                try:
+                    items.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if None in items:
+                # Shut: it exits once done (after the tasks before).
+                inbox.put(None)
+            taken.extend((worker, item) for item in items
+                         if item is not None)
+        # In the order they were sent: the oldest batch first.
+        taken.sort(key=lambda queued: (queued[1][0].generation,
+                                       queued[1][0].seq,
+                                       queued[1][0].chunk))
+        tasks.extend(taken)
+
+    def handed_out(self, examples, in_flight):
+        """``next()`` handed out a batch of ``examples``, ``in_flight``
+        behind it: switch when ``mode`` says so.  (Main thread.)"""
+        to = self.mode.handed_out(time.monotonic(), examples, in_flight)
+        pool = self._pool()
+        if to is not None and pool is not None:
+            with pool.lock, uninterrupted():
+                if not pool.closed:
+                    self.switch(pool, to)
+
+    def run_one(self):
+        """Load the oldest task queued here and deliver its result; False
+        when none is queued.  An exception (a Ctrl-C, a signal handler's,
+        one that ``dataset[i]`` raised) goes up from ``next()`` as it
+        would from ``SerialIterator``'s, and leaves the task first in the
+        queue, to be loaded again by the next call.  (Main thread, without
+        the lock.)"""
+        tasks = self.tasks
+        pool = self._pool()
+        if not tasks or pool is None or pool.closed:
+            return False
+        queued = tasks[0]
+        worker, (task, memory, layout) = queued
+        if self._clock is None:
+            with uninterrupted():      # its descriptor is closed by close()
+                self._clock = load.RunQueueClock()
+        if self._unwrapped is None:
+            dataset, converter = converted.unwrap(self._dataset)
+            self._unwrapped = (dataset, converter,
+                               _context.batch_method(dataset) is not None)
+        dataset, converter, batched = self._unwrapped
+        result = None
+        if pool.workers.get(worker.key) is worker and \
+                task.generation == pool.book.generation:
+            here = task._replace(step=Step(
+                numpy.asarray(task.step.indices).tolist(), task.step.spans))
+            whole = None if memory is None else \
+                numpy.frombuffer(memory, dtype=numpy.uint8)
+            _context.set_thread_worker_info(worker.info)
+            try:
+                result = load.run_task(dataset, converter, batched, here,
+                                       whole, layout, self._clock,
+                                       _raise_here)
+            finally:
+                _context.set_thread_worker_info(None)
+            del whole
+        with pool.lock, uninterrupted():
+            if tasks and tasks[0] is queued:     # (close() clears them)
+                tasks.popleft()
+            if not pool.closed and pool.workers.get(worker.key) is worker:
+                # A task of an older generation: its record goes (the
+                # book ignores what it holds).
+                pool.on_result(worker, task.generation, task.seq,
+                               task.chunk, ([], None) if result is None
+                               else result)
+        if pool.posted:
+            pool.submit_posted(keep_errors=True)
+        return True
+
+    def close(self):
+        self.tasks.clear()
+        clock, self._clock = self._clock, None
+        if clock is not None:
+            clock.close()
+
+
+def _raise_here(e, index):
+    """What ``dataset[i]`` raised in the main thread goes up as it is
+    (``load.load``'s ``capture``): it may be a signal handler's, which
+    only the main thread runs."""
+    raise e
 
 
 def _thread_main(pool_ref, launched, worker_id, incarnation, dataset, seed,
@@ -232,9 +419,7 @@ def _thread_main(pool_ref, launched, worker_id, incarnation, dataset, seed,
 
 def _serve(pool_ref, launched, inbox, worker_id, incarnation, dataset, seed,
            n_workers, worker_init_fn, max_tasks):
-    stream = load.worker_stream(worker_id, n_workers, incarnation)
-    _context.set_thread_worker_info(_context.WorkerInfo(
-        worker_id, n_workers, seed + stream, incarnation))
+    _context.set_thread_worker_info(launched.info)
     dataset, converter = converted.unwrap(dataset)
     if worker_init_fn is not None:
         try:
