@@ -104,3 +104,28 @@ def test_the_choice_follows_a_loop_that_changes():
     loop.rates = {False: 150000.0, True: 100000.0}
     loop.run(20.0)
     assert loop.mode.main is False
+
+
+def test_a_plainly_slower_threads_window_ends_early_too():
+    # The main thread is measured first once it is in use.
+    mode = _mode()
+    loop = Loop(mode, {False: 20000.0, True: 60000.0}).run(1.5)
+    assert mode.main is True
+    on = len(loop.switches)
+    loop.run(1.0 + 1e-3)     # the next probe: 1 s after the first's end
+    (back, to_threads), (again, to_main) = loop.switches[on:on + 2]
+    assert (to_threads, to_main) == (False, True)
+    # 4 batches in flight and 4 measured, not a quarter of a second.
+    assert again - back <= 8 * 64 / 20000.0 + 1e-9
+
+
+def test_a_probe_plainly_lost_waits_twice_as_long_again():
+    close = Loop(_mode(), {False: 100000.0, True: 70000.0}).run(30.0)
+    plain = Loop(_mode(), {False: 100000.0, True: 20000.0}).run(30.0)
+    probes = [len([1 for _, to in loop.switches if to])
+              for loop in (close, plain)]
+    # 1, 2, 4, 8, 8 ... s against 2, 8, 8 ... s apart.
+    assert probes[1] < probes[0]
+    gaps = [b - a for a, b in zip(*[[t for t, to in plain.switches if to]
+                                    [i:] for i in (0, 1)])]
+    assert gaps[0] >= 2.0

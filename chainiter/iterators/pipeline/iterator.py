@@ -91,6 +91,12 @@ class Pipeline(IteratorStats, DatasetIterator):
 
     @property
     def _prefetch_depth(self):
+        pool = self._t.pool
+        if pool is not None and pool.main_tasks is not None and \
+                pool.main_tasks.on:
+            # The main thread loads only what next() waits for: a group
+            # ahead is enough, and fewer slots stay warm in the caches.
+            return self._t.groups.size
         return self._t.depth
 
     def _start_pool(self):

@@ -38,11 +38,11 @@ class LoadingMode:
     way), measures again, and keeps the main thread only when it handed
     out more than ``margin`` times as many examples per second (the
     threads load ahead, which a loop that varies needs).  A window of the
-    main thread that is plainly slower (half the threads' rate, after
-    ``window_batches // 4`` batches) ends early: images, whose copies
+    mode switched to that is plainly slower (half the other's rate, after
+    ``window_batches // 4`` batches, at least 2) ends early: images, whose copies
     release the GIL, pay little for the probe.  The next probe comes
     ``first_probe_s * 2`` later, then at doubling intervals up to
-    ``max_interval_s``.
+    ``max_interval_s`` (quadrupling after a probe plainly lost).
     """
 
     def __init__(self, first_probe_s=0.5, window_s=0.25, window_batches=16,
@@ -98,8 +98,8 @@ class LoadingMode:
             self.main = not self.main
             return self.main
         # 'other': the mode switched to is being measured.
-        plainly_slower = self.main and rate is not None and \
-            window.batches >= max(1, self.window_batches // 4) and \
+        plainly_slower = rate is not None and \
+            window.batches >= max(2, self.window_batches // 4) and \
             rate * 2 < self.rate
         if not plainly_slower and (
                 elapsed < self.window_s or
@@ -109,7 +109,9 @@ class LoadingMode:
         self.probes += 1
         self.phase = None
         self.window = None
-        self.interval = min(self.interval * 2, self.max_interval_s)
+        # A probe that was plainly lost waits twice as long again.
+        self.interval = min(self.interval * (4 if plainly_slower else 2),
+                            self.max_interval_s)
         self.next_probe = now + self.interval
         threads, main = (self.rate, rate) if self.main else \
             (rate, self.rate)

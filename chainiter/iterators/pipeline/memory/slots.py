@@ -70,6 +70,9 @@ class SlotPool:
         self.exact = exact      # stacked layouts are ``Layout.exact``
         self.shared_mem = shared_mem
         self.buffers = None
+        # The lowest slot free first (few batches in flight: the same
+        # slots stay warm in the caches), not the next in turn.
+        self.lowest_first = False
         self.replaced = []      # earlier buffers, until the pool closes
         self.cannot_grow = False
         # The bytes an example (in list layouts) takes in a slot.
@@ -93,7 +96,8 @@ class SlotPool:
             self._release_replaced(generation, busy)
         slots = buffers.slots
         in_use = None
-        for k in range(buffers.next, buffers.next + len(slots)):
+        start = 0 if self.lowest_first else buffers.next
+        for k in range(start, start + len(slots)):
             slot = slots[k % len(slots)]
             if slot.shared is not None and idle(slot, generation):
                 if in_use is None:

@@ -204,18 +204,13 @@ class PoolWorkers:
         del self.workers[launched.key]
         self.gone.append(worker)
         code = launched.exitcode
-        how = 'an unknown exit status' if code is None else \
-            'exit code {}'.format(code) if code >= 0 else \
-            'signal {}'.format(-code)
-        if code == -9:
-            how += ' (SIGKILL: probably killed by the OOM killer)'
         if launched.pid is None:     # a worker thread: no exit status
             died_with = 'worker thread {} ended{}'.format(
                 worker.id, '' if launched.error is None else
                 ' with an uncaught ' + launched.error)
         else:
             died_with = 'worker process {} (pid {}) died with {}'.format(
-                worker.id, launched.pid, how)
+                worker.id, launched.pid, _exit_status(code))
         self.receiver.want()         # a new worker may be needed
         if code == 1 and not worker.started and not self.closed:
             # Python's own start-up failed (an exception before the worker
@@ -248,3 +243,15 @@ class PoolWorkers:
         self.replenish()
         for task in outcome.lost:
             self._send_task(task)
+
+
+def _exit_status(code):
+    """A worker process's exit status, in words."""
+    if code is None:
+        return 'an unknown exit status'
+    if code >= 0:
+        return 'exit code {}'.format(code)
+    how = 'signal {}'.format(-code)
+    if code == -9:
+        how += ' (SIGKILL: probably killed by the OOM killer)'
+    return how

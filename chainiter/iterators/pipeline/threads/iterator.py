@@ -62,7 +62,7 @@ class MultithreadIterator(Pipeline):
     # batch, over windows of at least this long and this many batches.
     LOADING_FIRST_PROBE_S = 0.5
     LOADING_WINDOW_S = 0.25
-    LOADING_WINDOW_BATCHES = 16
+    LOADING_WINDOW_BATCHES = 4
 
     def __init__(self, dataset: Any, batch_size: int, repeat: bool = True,
                  shuffle: Optional[bool] = None, n_threads: int = 1,

@@ -145,7 +145,8 @@ class Threads:
             dataset, seed, n_workers, worker_init_fn, max_tasks))
         pool.receiver = NoReceiver(pool)
         pool.main_tasks = main = pool.launcher.main
-        main.on = where == 'main'
+        if where == 'main':
+            main.switch(pool, True)
         if where == 'auto':
             main.mode = LoadingMode(*self.probe)
 
@@ -298,6 +299,8 @@ class MainThreadTasks:
         if on == self.on:
             return
         self.on = on
+        # One group ahead (Pipeline._prefetch_depth): a few slots in turn.
+        pool.slots.lowest_first = on
         tasks = self.tasks
         if not on:
             while tasks:
@@ -325,11 +328,16 @@ class MainThreadTasks:
                                        queued[1][0].chunk))
         tasks.extend(taken)
 
-    def handed_out(self, examples, in_flight):
-        """``next()`` handed out a batch of ``examples``, ``in_flight``
+    def handed_out(self, examples, depth):
+        """``next()`` handed out a batch of ``examples``, ``depth`` sent
         behind it: switch when ``mode`` says so.  (Main thread.)"""
-        to = self.mode.handed_out(time.monotonic(), examples, in_flight)
         pool = self._pool()
+        # What a switch finds loaded the other way: the threads' batches,
+        # ready or loading; from the main thread, the tasks they begin
+        # with (it loads only what next() waits for).
+        in_flight = depth if not self.on or pool is None else \
+            len(pool.workers)
+        to = self.mode.handed_out(time.monotonic(), examples, in_flight)
         if to is not None and pool is not None:
             with pool.lock, uninterrupted():
                 if not pool.closed:
