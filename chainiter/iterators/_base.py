@@ -29,6 +29,8 @@ override:
   out;
 - ``_drop_pending()``: forget the batches dispatched (cancel them, then call
   the base's);
+- ``_collected()``: called after each ``_collect``, before the batch is
+  taken;
 - ``_interrupted_waiting()``: whether an exception came while ``next()``
   waited and changed nothing (the pending batches are then kept);
 - ``_start_transport()`` and ``_transport_attributes()``: make the threads
@@ -142,6 +144,10 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats,
         """Wait for the batch of ``handle`` and return it."""
         return self._load_batch(handle)
 
+    def _collected(self):
+        """Called once ``_collect`` has returned the batch, before
+        ``next()`` takes it: an exception here has it loaded again."""
+
     def _drop_pending(self):
         """Forget every dispatched batch (a transport may cancel them)."""
         self._pending.clear()
@@ -252,6 +258,7 @@ class DatasetIterator(_loop.EpochLoop, _stats.InputStats,
             if isinstance(handle, Failed):
                 raise handle.error
             batch = self._collect(handle)
+            self._collected()
             # Loading ahead comes before the batch is consumed: whatever
             # fails or interrupts it, the batch is loaded again next time.
             self._dispatch_until(self._prefetch_depth + 1)

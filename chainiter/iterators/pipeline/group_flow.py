@@ -2,7 +2,7 @@
 (``groups.py``): choosing the group size, collecting a member of a group,
 taking in a group that arrived, working ahead, and going back to batches
 one by one.  Each function takes the ``MultiprocessIterator`` as ``it``
-and is called from its ``_collect_batch``."""
+and is called from its ``_collect``."""
 
 import functools
 
@@ -36,7 +36,7 @@ def choose_group(it, per_batch):
         it._t.pool.slots.batch_size = group * it.batch_size
         it._t.pool.read_ahead = True
         it._t.groups.size = group
-        it._t.tuned = False       # tuned in _collect_batch if cut short
+        it._t.tuned = False       # tuned in _collect if cut short
     it._tune_depth(new.slot_bytes)
 
 
@@ -120,7 +120,7 @@ def ungroup(it):
     it._rewind()
     stop_grouping(it)
     it._dispatch_until(1)
-    return it._collect_batch(it._pending[0][1])
+    return it._collect(it._pending[0][1])
 
 
 def stop_grouping(it):

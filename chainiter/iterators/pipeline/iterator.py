@@ -145,17 +145,13 @@ class Pipeline(IteratorStats, DatasetIterator):
         pool = self._t.pool
         return pool is not None and pool.interrupted_waiting()
 
-    def _collect(self, handle):
-        batch = self._collect_batch(handle)
+    def _collected(self):
         main = self._t.pool.main_tasks
         if main is not None and main.mode is not None:
             # Worker threads, with the GIL: where they load is measured.
-            # (Before next() takes the batch: an interrupt here has it
-            # loaded again, as anywhere in _collect.)
             main.handed_out(self.batch_size, self._t.depth)
-        return batch
 
-    def _collect_batch(self, handle):
+    def _collect(self, handle):
         if not self._t.tuned and self._t.pool.slots.layout is not None:
             # A Ctrl-C cut the first batch short after its buffers were
             # made and before the depth was tuned.
