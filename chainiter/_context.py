@@ -157,11 +157,14 @@ def set_worker_info(info):
 def set_thread_worker_info(info):
     """The calling thread's (a worker thread, or the main thread loading
     as one); None: the process's again (a worker process forked from
-    this thread has its own)."""
+    this thread has its own).  Returns the thread's before (None: it had
+    none), to set back."""
+    previous = _local.__dict__.get('worker_info')
     if info is None:
         _local.__dict__.pop('worker_info', None)
     else:
         _local.worker_info = info
+    return previous
 
 
 def load_example(dataset, index, seed, epoch, position):

@@ -191,3 +191,38 @@ def test_threads_pinned_never_load_in_the_main_thread(monkeypatch):
         for _ in range(40):
             next(it)
             assert it.stats['loads_in'] == 'workers'
+
+
+@pytest.mark.parametrize('converter', [None, concat_examples])
+def test_an_error_in_a_group_comes_from_the_batch_that_holds_it(
+        in_main, monkeypatch, converter):
+    # Small batches go in groups of 4 once measured; the batches before
+    # the bad example's come, then its error, from its own batch.
+    monkeypatch.setattr(MultithreadIterator, 'GROUP_AFTER', 2)
+    monkeypatch.setattr(MultithreadIterator, 'GROUP_S', 10.0)
+    monkeypatch.setattr(MultithreadIterator, 'MAX_GROUP', 4)
+    class Rows:
+        def __len__(self):
+            return 2000
+
+        def __getitem__(self, i):
+            if i == 1205:
+                raise KeyError('broken example 1205')
+            return numpy.full(16, i, dtype=numpy.float32), i
+
+    with MultithreadIterator(Rows(), 4, n_threads=2, shuffle=False,
+                             converter=converter) as it, \
+            SerialIterator(Rows(), 4, shuffle=False) as ref:
+        grouped = 1
+        for k in range(301):
+            got, want = next(it), next(ref)
+            if converter is not None:
+                want = converter(want)
+            assert fingerprint(got) == fingerprint(want), k
+            grouped = max(grouped, it.stats['batches_per_task'])
+        # (The group that holds the bad example, loaded ahead, ended the
+        # groups.)
+        assert grouped > 1
+        with pytest.raises(KeyError, match='broken example 1205'):
+            next(it)
+        assert it.current_position == 1204

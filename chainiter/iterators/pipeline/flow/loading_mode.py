@@ -39,7 +39,8 @@ class LoadingMode:
     out more than ``margin`` times as many examples per second (the
     threads load ahead, which a loop that varies needs).  A window of the
     mode switched to that is plainly slower (half the other's rate, after
-    ``window_batches // 4`` batches, at least 2) ends early: images, whose copies
+    ``window_batches // 4`` batches, at least 2, and a quarter of
+    ``window_s``) ends early: images, whose copies
     release the GIL, pay little for the probe.  The next probe comes
     ``first_probe_s * 2`` later, then at doubling intervals up to
     ``max_interval_s`` (quadrupling after a probe plainly lost).
@@ -98,9 +99,11 @@ class LoadingMode:
             self.main = not self.main
             return self.main
         # 'other': the mode switched to is being measured.
+        # (A quarter of the window at least: the main thread loads a group
+        # of small batches in the wait for its first.)
         plainly_slower = rate is not None and \
             window.batches >= max(2, self.window_batches // 4) and \
-            rate * 2 < self.rate
+            elapsed >= self.window_s / 4 and rate * 2 < self.rate
         if not plainly_slower and (
                 elapsed < self.window_s or
                 window.batches < self.window_batches or rate is None):

@@ -13,7 +13,8 @@ class RemoteError(typing.NamedTuple):
     exception: object       # the exception, or None if it could not be pickled
     type_name: str
     message: str
-    traceback: str
+    traceback: typing.Optional[str]    # None: raised in the main thread,
+    #                                    whose own traceback it keeps
     index: object           # the dataset index, or the list of a chunk's
                             # indices (an error in the batch method)
 
@@ -39,6 +40,14 @@ def capture(e, index):
     except Exception:
         exception = None
     return RemoteError(exception, type(e).__qualname__, str(e), tb, index)
+
+
+def capture_in_main(e, index):
+    """``e`` raised in the main thread loading a worker thread's task
+    (``threads/workers.py``): the exception itself, with its own
+    traceback (nothing formatted here, where a signal handler may
+    run)."""
+    return RemoteError(e, type(e).__qualname__, '', None, index)
 
 
 def capture_here(e, index):
@@ -82,7 +91,6 @@ def _where(index):
 
 
 def rebuild_error(remote):
-    cause = RemoteTraceback(remote.traceback)
     where = _where(remote.index)
     if remote.exception is not None:
         error = remote.exception
@@ -91,7 +99,8 @@ def rebuild_error(remote):
             '{}: {} (raised in a worker while loading {}; the exception '
             'itself could not be pickled)'.format(
                 remote.type_name, remote.message, where))
-    error.__cause__ = cause
+    if remote.traceback is not None:
+        error.__cause__ = RemoteTraceback(remote.traceback)
     notes = getattr(error, '__notes__', [])
     if hasattr(error, 'add_note') and not any(where in n for n in notes):
         error.add_note('raised while loading {} in a worker '

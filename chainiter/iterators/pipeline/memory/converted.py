@@ -124,7 +124,6 @@ class ConverterSink(list):
 def rebuild_error(error, indices):
     """The converter's exception, raised again in the parent, with the
     worker's traceback as ``__cause__``."""
-    cause = remote.RemoteTraceback(error.traceback)
     where = 'the converter raised in a worker process, converting the ' \
         'batch of dataset indices {}'.format(
             short_list(indices))
@@ -136,5 +135,6 @@ def rebuild_error(error, indices):
         exception = ChainiterError('{}: {} ({}; the exception itself could '
                                    'not be pickled)'.format(
                                        error.type_name, error.message, where))
-    exception.__cause__ = cause
+    if error.traceback is not None:     # None: raised in this thread
+        exception.__cause__ = remote.RemoteTraceback(error.traceback)
     return exception

@@ -345,11 +345,12 @@ class MainThreadTasks:
 
     def run_one(self):
         """Load the oldest task queued here and deliver its result; False
-        when none is queued.  An exception (a Ctrl-C, a signal handler's,
-        one that ``dataset[i]`` raised) goes up from ``next()`` as it
-        would from ``SerialIterator``'s, and leaves the task first in the
-        queue, to be loaded again by the next call.  (Main thread, without
-        the lock.)"""
+        when none is queued.  What ``dataset[i]`` raises is the task's
+        error, as a worker thread's would be (``next()`` raises it from
+        the batch that holds the example); a Ctrl-C (any exception that
+        is not an ``Exception``) goes up from ``next()`` and leaves the
+        task first in the queue, to be loaded again by the next call.
+        (Main thread, without the lock.)"""
         tasks = self.tasks
         pool = self._pool()
         if not tasks or pool is None or pool.closed:
@@ -371,13 +372,13 @@ class MainThreadTasks:
                 numpy.asarray(task.step.indices).tolist(), task.step.spans))
             whole = None if memory is None else \
                 numpy.frombuffer(memory, dtype=numpy.uint8)
-            _context.set_thread_worker_info(worker.info)
+            caller = _context.set_thread_worker_info(worker.info)
             try:
                 result = load.run_task(dataset, converter, batched, here,
                                        whole, layout, self._clock,
-                                       _raise_here)
+                                       remote.capture_in_main)
             finally:
-                _context.set_thread_worker_info(None)
+                _context.set_thread_worker_info(caller)
             del whole
         with pool.lock, uninterrupted():
             if tasks and tasks[0] is queued:     # (close() clears them)
@@ -397,13 +398,6 @@ class MainThreadTasks:
         clock, self._clock = self._clock, None
         if clock is not None:
             clock.close()
-
-
-def _raise_here(e, index):
-    """What ``dataset[i]`` raised in the main thread goes up as it is
-    (``load.load``'s ``capture``): it may be a signal handler's, which
-    only the main thread runs."""
-    raise e
 
 
 def _thread_main(pool_ref, launched, worker_id, incarnation, dataset, seed,
