@@ -4,7 +4,8 @@ more examples per second (``flow/loading_mode.py``; chosen by the
 iterator, or by ``CHAINITER_THREAD_LOADING``).  Wherever it loads, and
 however often it switches, the batches are ``SerialIterator``'s, the
 errors and resume are as with the threads, and nothing is left
-behind."""
+behind.  (A batch held is never overwritten: test_thread_pipeline.py,
+in both places.)"""
 
 import functools
 import threading
@@ -111,23 +112,6 @@ def test_switching_back_and_forth_loses_and_repeats_no_batch(converter):
             assert fingerprint(_without_worker(batch)) == fingerprint(
                 _without_worker(convert(next(serial))))
     assert seen == {'main thread', 'workers'}
-
-
-def test_a_batch_held_is_never_overwritten_in_the_main_thread(in_main):
-    class Rows:
-        def __len__(self):
-            return 600
-
-        def __getitem__(self, i):
-            return numpy.full(16, i, dtype=numpy.float32), i
-
-    with MultithreadIterator(Rows(), 4, n_threads=2, shuffle=False,
-                             converter=concat_examples) as it:
-        held = [next(it) for _ in range(300)]
-    for k, (x, t) in enumerate(held):
-        rows = numpy.arange(4 * k, 4 * k + 4) % 600
-        assert (t == rows).all(), k
-        assert (x == rows[:, None]).all(), k
 
 
 def test_an_error_in_the_main_thread_goes_up_as_from_serial_iterator(in_main):

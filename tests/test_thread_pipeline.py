@@ -81,7 +81,10 @@ def test_threads_write_batches_into_reused_memory_of_the_process(converter):
     assert _workers_alive() == []
 
 
-def test_a_batch_held_is_never_overwritten():
+@pytest.mark.parametrize('where', ['threads', 'main'])
+def test_a_batch_held_is_never_overwritten(monkeypatch, where):
+    # In the threads, or in the main thread (tests/test_thread_loading.py).
+    monkeypatch.setenv('CHAINITER_THREAD_LOADING', where)
     with MultithreadIterator(Tiny(), 4, n_threads=2, shuffle=False,
                              converter=concat_examples) as it:
         held = [next(it) for _ in range(300)]

@@ -61,7 +61,6 @@ class LoadingMode:
         self.phase = None
         self.window = None
         self.skip = 0
-        self.rate = None           # examples/s of the mode measured first
         self.rates = {}            # the last rate measured of each mode
 
     def handed_out(self, now, examples, in_flight):
@@ -92,18 +91,19 @@ class LoadingMode:
             if elapsed < self.window_s or \
                     window.batches < self.window_batches or rate is None:
                 return None
-            self.rate = rate
             self.rates[self.main] = rate
             self.phase = 'skip'
             self.skip = in_flight
             self.main = not self.main
             return self.main
-        # 'other': the mode switched to is being measured.
+        # 'other': the mode switched to is being measured, against the
+        # rate of the one measured just before.
+        before = self.rates[not self.main]
         # (A quarter of the window at least: the main thread loads a group
         # of small batches in the wait for its first.)
         plainly_slower = rate is not None and \
             window.batches >= max(2, self.window_batches // 4) and \
-            elapsed >= self.window_s / 4 and rate * 2 < self.rate
+            elapsed >= self.window_s / 4 and rate * 2 < before
         if not plainly_slower and (
                 elapsed < self.window_s or
                 window.batches < self.window_batches or rate is None):
@@ -116,8 +116,7 @@ class LoadingMode:
         self.interval = min(self.interval * (4 if plainly_slower else 2),
                             self.max_interval_s)
         self.next_probe = now + self.interval
-        threads, main = (self.rate, rate) if self.main else \
-            (rate, self.rate)
+        threads, main = (before, rate) if self.main else (rate, before)
         keep_main = main > threads * self.margin
         if keep_main == self.main:
             return None

@@ -356,7 +356,8 @@ class MainThreadTasks:
         if not tasks or pool is None or pool.closed:
             return False
         queued = tasks[0]
-        worker, (task, memory, layout) = queued
+        worker, item = queued
+        task = item[0]
         if self._clock is None:
             with uninterrupted():      # its descriptor is closed by close()
                 self._clock = load.RunQueueClock()
@@ -368,18 +369,12 @@ class MainThreadTasks:
         result = None
         if pool.workers.get(worker.key) is worker and \
                 task.generation == pool.book.generation:
-            here = task._replace(step=Step(
-                numpy.asarray(task.step.indices).tolist(), task.step.spans))
-            whole = None if memory is None else \
-                numpy.frombuffer(memory, dtype=numpy.uint8)
             caller = _context.set_thread_worker_info(worker.info)
             try:
-                result = load.run_task(dataset, converter, batched, here,
-                                       whole, layout, self._clock,
-                                       remote.capture_in_main)
+                result = _run(item, dataset, converter, batched,
+                              self._clock, remote.capture_in_main)
             finally:
                 _context.set_thread_worker_info(caller)
-            del whole
         with pool.lock, uninterrupted():
             if tasks and tasks[0] is queued:     # (close() clears them)
                 tasks.popleft()
@@ -449,20 +444,27 @@ def _take_tasks(pool_ref, launched, inbox, dataset, converter, batched,
         item = inbox.get()
         if item is None:
             return
-        task, memory, layout = item
-        # The worker's indices, as a process gets them: Python ints.
-        here = task._replace(step=Step(
-            numpy.asarray(task.step.indices).tolist(), task.step.spans))
-        whole = None if memory is None else \
-            numpy.frombuffer(memory, dtype=numpy.uint8)
-        result = load.run_task(dataset, converter, batched, here, whole,
-                               layout, run_queue, remote.capture_here)
-        del whole, memory
+        task = item[0]
+        result = _run(item, dataset, converter, batched, run_queue,
+                      remote.capture_here)
+        del item
         if not _deliver(pool_ref, lambda pool, w: pool.on_result(
                 w, task.generation, task.seq, task.chunk, result),
                 launched):
             return
         done += task.weight
+
+
+def _run(item, dataset, converter, batched, run_queue, capture):
+    """``load.run_task`` of a queued ``(task, memory, layout)``, with the
+    task's indices as a worker process gets them (Python ints)."""
+    task, memory, layout = item
+    here = task._replace(step=Step(
+        numpy.asarray(task.step.indices).tolist(), task.step.spans))
+    whole = None if memory is None else \
+        numpy.frombuffer(memory, dtype=numpy.uint8)
+    return load.run_task(dataset, converter, batched, here, whole, layout,
+                         run_queue, capture)
 
 
 def _deliver(pool_ref, call, launched):
