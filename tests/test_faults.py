@@ -853,3 +853,42 @@ def test_deaths_are_reported_while_another_thread_reaps(method, tmp_path):
     assert all(' died with ' in message for message in deaths), deaths
     if method != 'forkserver':
         assert all('signal 9' in message for message in deaths), deaths
+
+
+def test_buffers_made_and_dropped_in_many_threads_at_once():
+    # Buffers made without reserving are counted in the room for the next
+    # (shm_files), while other threads make and drop theirs: an iterator's
+    # slots in one thread, another iterator's in another, a garbage
+    # collection that frees one anywhere.  Counting must not see the
+    # registry change under it ("Set changed size during iteration", on
+    # the free-threaded build).
+    from chainiter.iterators.pipeline.memory.shm import SharedBuffer
+    errors = []
+    start = threading.Barrier(4)
+
+    def make_and_drop():
+        try:
+            start.wait(timeout=30)
+            live = []
+            for _ in range(300):
+                live.append(SharedBuffer.allocate(4096, reserve=False))
+                if len(live) > 32:
+                    live.pop(0).release()
+            for shared in live:
+                shared.release()
+        except BaseException as e:     # reported below, with its type
+            errors.append(e)
+
+    threads = [threading.Thread(target=make_and_drop) for _ in range(4)]
+    # With the GIL, threads switch often enough to meet there too.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors

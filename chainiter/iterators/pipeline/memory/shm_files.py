@@ -6,6 +6,7 @@ fits it, counting what the buffers made without reserving may still take
 import errno
 import os
 import tempfile
+import threading
 import weakref
 
 SHM_DIR = '/dev/shm'
@@ -19,9 +20,43 @@ def free_bytes(directory):
     return st.f_bavail * st.f_frsize
 
 
-# The buffers made without reserving their pages: the room they may still
-# take is not free for the next buffer (``_outstanding``).
-unreserved = weakref.WeakSet()
+class _Unreserved:
+    """The live buffers made without reserving their pages: the room they
+    may still take is not free for the next buffer (``_outstanding``).
+    Any thread adds to it (each iterator makes its slots in its own), and
+    a buffer leaves it when it is freed, in whatever thread frees it; so
+    the weak references are kept under a lock and counted from a copy (a
+    ``WeakSet`` raised "Set changed size during iteration" when another
+    thread added to it meanwhile).  The dead are pruned whenever it has
+    doubled since the last pruning, so it never grows without bound."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._refs = []
+        self._prune_at = 16
+
+    def add(self, shared):
+        ref = weakref.ref(shared)
+        with self._lock:
+            self._refs.append(ref)
+            if len(self._refs) >= self._prune_at:
+                self._refs = [r for r in self._refs if r() is not None]
+                self._prune_at = max(16, 2 * len(self._refs))
+
+    def new_lock(self):
+        self._lock = threading.Lock()
+
+    def live(self):
+        with self._lock:
+            refs = list(self._refs)
+        return [s for s in (r() for r in refs) if s is not None]
+
+
+unreserved = _Unreserved()
+if hasattr(os, 'register_at_fork'):
+    # A fork while another thread held the lock: the child's is free (the
+    # buffers the child inherited still take their room).
+    os.register_at_fork(after_in_child=unreserved.new_lock)
 
 
 def _limited(directory):
@@ -37,7 +72,7 @@ def _outstanding(directory):
     """The bytes that live buffers in ``directory`` made without
     reserving may still take there (their size less what they hold)."""
     total = 0
-    for shared in list(unreserved):
+    for shared in unreserved.live():
         fd = shared.fd
         if fd < 0 or shared.directory != directory:
             continue
