@@ -544,10 +544,11 @@ class Typed:
         if kind == 'ordereddict':
             return collections.OrderedDict([('b', big), ('a', i)])
         if kind == 'matrix':
-            import warnings
-            with warnings.catch_warnings():    # numpy discourages matrix
-                warnings.simplefilter('ignore', PendingDeprecationWarning)
-                return numpy.matrix(big.reshape(50, 100))
+            # A view, not numpy.matrix(), which warns (numpy discourages
+            # matrix): catch_warnings here, in several worker threads at
+            # once, is not thread-safe (one thread's exit put back the
+            # filters while another made its matrix: an error, on 3.13t).
+            return big.reshape(50, 100).view(numpy.matrix)
         if kind == 'recarray':
             return numpy.rec.fromarrays([big, big * 2], names='u,v')
         if kind == 'masked':
