@@ -99,8 +99,8 @@ def test_random_examples_come_back_as_the_serial_iterator_gives_them(
         method, seed, monkeypatch):
     if method == 'threads-switching':
         if not gil_enabled():
-            pytest.skip('without the GIL the threads load: the threads '
-                        'seeds')
+            pytest.skip('without the GIL the threads always load: these '
+                        'would be the threads seeds again')
         monkeypatch.setattr(MultithreadIterator, 'LOADING_FIRST_PROBE_S', 0)
         monkeypatch.setattr(MultithreadIterator, 'LOADING_WINDOW_S', 0)
         monkeypatch.setattr(MultithreadIterator, 'LOADING_WINDOW_BATCHES', 1)

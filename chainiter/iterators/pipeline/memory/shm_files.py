@@ -27,21 +27,19 @@ class _Unreserved:
     a buffer leaves it when it is freed, in whatever thread frees it; so
     the weak references are kept under a lock and counted from a copy (a
     ``WeakSet`` raised "Set changed size during iteration" when another
-    thread added to it meanwhile).  The dead are pruned whenever it has
-    doubled since the last pruning, so it never grows without bound."""
+    thread added to it meanwhile).  Each ``add`` drops the dead (a few
+    dozen slots live: far less than the making of a buffer costs), so it
+    never grows without bound."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._refs = []
-        self._prune_at = 16
 
     def add(self, shared):
         ref = weakref.ref(shared)
         with self._lock:
+            self._refs = [r for r in self._refs if r() is not None]
             self._refs.append(ref)
-            if len(self._refs) >= self._prune_at:
-                self._refs = [r for r in self._refs if r() is not None]
-                self._prune_at = max(16, 2 * len(self._refs))
 
     def new_lock(self):
         self._lock = threading.Lock()
